@@ -1,0 +1,67 @@
+"""The layer plan: which sublayer sits where, in Primus's alphabet.
+
+A plan is a string with one character per sublayer (Megatron counts every mixer and every MLP as one
+layer, each its own pre-norm residual block):
+
+* ``*``  Multi-head Latent Attention (MLA)
+* ``M``  the model's recurrent mixer (``model.mixer``: ``gdn``, ``kda`` or ``mamba2``)
+* ``-``  SwiGLU MLP
+* ``G``, ``K``, ``S``  an explicit Gated DeltaNet, KDA or Mamba2 (SSD) mixer, for mixed stacks such as the demo
+
+With no explicit ``model.pattern`` the plan follows Primus's ``allocate_layers`` rule from
+``num_layers`` and ``hybrid_attention_ratio`` (attention first in each block, one MLP after every mixer).
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+MLA, MIXER, MLP = "*", "M", "-"
+EXPLICIT_MIXERS = {"G": "gdn", "K": "kda", "S": "mamba2"}
+MIXERS = ("gdn", "kda", "mamba2")
+ALPHABET = MLA + MIXER + MLP + "".join(EXPLICIT_MIXERS)
+
+
+def allocate_layers(num_layers: int, attention_ratio: float) -> str:
+    """Primus's rule: ``num_layers // 2`` mixers, ``int(n_mix * ratio)`` of them MLA, each followed by an MLP."""
+    if num_layers <= 0 or num_layers % 2:
+        raise ValueError(f"num_layers must be a positive even number of sublayers, got {num_layers}")
+    if not 0.0 <= attention_ratio <= 1.0:
+        raise ValueError(f"hybrid_attention_ratio must be in [0, 1], got {attention_ratio}")
+    n_mix = num_layers // 2
+    n_attn = int(n_mix * attention_ratio)
+    n_rec = n_mix - n_attn
+    if n_attn == 0:
+        return "M-" * n_mix
+    if attention_ratio <= 0.5:
+        per = n_rec // n_attn
+        return ("*-" + "M-" * per) * n_attn + "M-" * (n_rec % n_attn)
+    return "*-" * (n_attn - n_rec) + "*-M-" * n_rec
+
+
+def validate_pattern(pattern: str) -> str:
+    """Return ``pattern`` if every character is a known sublayer, else raise a ValueError naming the first bad one."""
+    if not pattern:
+        raise ValueError("layer pattern is empty")
+    for pos, ch in enumerate(pattern):
+        if ch not in ALPHABET:
+            raise ValueError(
+                f"layer pattern {pattern!r}: bad character {ch!r} at position {pos}; "
+                f"use '*' (MLA), 'M' (the model's mixer), '-' (MLP) or G/K/S (GDN/KDA/Mamba2)"
+            )
+    return pattern
+
+
+def layer_plan(model_cfg: ConfigDict) -> str:
+    """The sublayer pattern of a model config (``model.pattern`` if set, else Primus's ratio rule)."""
+    if model_cfg.pattern:
+        return validate_pattern(model_cfg.pattern)
+    return allocate_layers(model_cfg.num_layers, model_cfg.hybrid_attention_ratio)
+
+
+def sublayer_kinds(model_cfg: ConfigDict) -> list[str]:
+    """The plan resolved to sublayer kinds: ``"mla"``, ``"mlp"``, ``"gdn"``, ``"kda"`` or ``"mamba2"``."""
+    if model_cfg.mixer not in MIXERS:
+        raise ValueError(f"model.mixer must be one of {MIXERS}, got {model_cfg.mixer!r}")
+    names = {MLA: "mla", MLP: "mlp", MIXER: model_cfg.mixer, **EXPLICIT_MIXERS}
+    return [names[ch] for ch in layer_plan(model_cfg)]

@@ -1,0 +1,104 @@
+"""Public kernel functions and the ``impl`` dispatch (see ``hybrid_jax.kernels``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+
+from hybrid_jax.kernels import reference
+
+Impl = Literal["auto", "xla", "pallas", "pallas_interpret", "naive"]
+_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
+
+
+def _resolve(impl: str, op: str, available: tuple[str, ...]) -> str:
+    if impl not in _IMPLS:
+        raise ValueError(f"{op}: impl must be one of {_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        impl = "pallas" if jax.default_backend() == "gpu" and "pallas" in available else "xla"
+    if impl not in available:
+        raise NotImplementedError(f"{op}: impl={impl!r} is not available (have {available})")
+    return impl
+
+
+def _check_shapes(op: str, q, k, v, g, beta, per_key_gate: bool) -> None:
+    if q.ndim != 4 or k.shape != q.shape:
+        raise ValueError(f"{op}: q and k must be [B,T,H,K] with equal shapes, got {q.shape} and {k.shape}")
+    B, T, H, K = q.shape
+    if v.ndim != 4 or v.shape[:2] != (B, T) or v.shape[2] % H:
+        raise ValueError(f"{op}: v must be [B,T,HV,V] with HV a multiple of H={H}, got {v.shape}")
+    HV = v.shape[2]
+    want_g = (B, T, HV, K) if per_key_gate else (B, T, HV)
+    if g.shape != want_g:
+        raise ValueError(f"{op}: g must have shape {want_g}, got {g.shape}")
+    if beta is not None and beta.shape != (B, T, HV):
+        raise ValueError(f"{op}: beta must have shape {(B, T, HV)}, got {beta.shape}")
+
+
+def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm,
+                chunk_size, impl):
+    impl = _resolve(impl, op, ("xla", "naive"))
+    if impl == "naive":
+        o, final = reference.naive_recurrence(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm
+        )
+    else:
+        o, final = reference.chunked_recurrence(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
+            chunk_size=chunk_size,
+        )
+    return o, (final if output_final_state else None)
+
+
+def chunk_gated_delta_rule(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
+    scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
+    use_qk_l2norm: bool = False, chunk_size: int = 64, impl: Impl = "auto",
+) -> tuple[jax.Array, jax.Array | None]:
+    """Gated DeltaNet. ``q, k: [B,T,H,K]``; ``v: [B,T,HV,V]``; ``g`` (log decay), ``beta: [B,T,HV]``.
+
+    Per value head: ``S_t = exp(g_t) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = scale S_t^T q_t``.
+    Returns ``(o [B,T,HV,V], final_state [B,HV,K,V] float32 or None)``.
+    """
+    _check_shapes("chunk_gated_delta_rule", q, k, v, g, beta, per_key_gate=False)
+    return _recurrence("chunk_gated_delta_rule", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
+                       chunk_size=chunk_size, impl=impl)
+
+
+def chunk_kda(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
+    scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
+    use_qk_l2norm: bool = False, chunk_size: int = 64, impl: Impl = "auto",
+) -> tuple[jax.Array, jax.Array | None]:
+    """Kimi Delta Attention: as :func:`chunk_gated_delta_rule` with a decay per key channel, ``g: [B,T,HV,K]``."""
+    _check_shapes("chunk_kda", q, k, v, g, beta, per_key_gate=True)
+    return _recurrence("chunk_kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
+                       chunk_size=chunk_size, impl=impl)
+
+
+def chunk_simple_gla(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *,
+    scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
+    chunk_size: int = 64, impl: Impl = "auto",
+) -> tuple[jax.Array, jax.Array | None]:
+    """Scalar-gated linear attention: ``S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = scale S_t^T q_t``.
+
+    ``q, k: [B,T,H,K]``, ``v: [B,T,HV,V]``, ``g: [B,T,HV]``. Mamba2's SSD is this with q=C, k=B, v=dt*x,
+    g=dt*A, scale=1.
+    """
+    _check_shapes("chunk_simple_gla", q, k, v, g, None, per_key_gate=False)
+    return _recurrence("chunk_simple_gla", q, k, v, g, None, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, use_qk_l2norm=False,
+                       chunk_size=chunk_size, impl=impl)
+
+
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, scale: float | None = None,
+    impl: Impl = "auto",
+) -> jax.Array:
+    """Softmax attention. ``q, k: [B,T,H,Dqk]``; ``v: [B,T,H,Dv]`` -> ``[B,T,H,Dv]``; scale ``Dqk**-0.5``."""
+    impl = _resolve(impl, "attention", ("xla", "naive"))
+    return reference.naive_attention(q, k, v, causal=causal, scale=scale)
