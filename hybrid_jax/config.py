@@ -118,12 +118,18 @@ def to_json(cfg: ConfigDict) -> str:
 
 
 def from_json(text: str) -> ConfigDict:
-    """Rebuild a locked config from :func:`to_json` output, checking its keys against the base schema."""
+    """Rebuild a locked config from :func:`to_json` output; a key the schema does not know is a ``KeyError``."""
     cfg = base_config()
-    cfg.update(_nested(json.loads(text)))
     cfg.lock()
+    _assign(cfg, json.loads(text), "")
     return cfg
 
 
-def _nested(d: dict) -> dict:
-    return {k: (ConfigDict(_nested(v)) if isinstance(v, dict) else v) for k, v in d.items()}
+def _assign(cfg: ConfigDict, values: dict, prefix: str) -> None:
+    for key, value in values.items():
+        if key not in cfg:
+            raise KeyError(f"unknown config key '{prefix}{key}'; the schema is hybrid_jax.config.base_config()")
+        if isinstance(value, dict):
+            _assign(cfg[key], value, f"{prefix}{key}.")
+        else:
+            cfg[key] = value
