@@ -1,0 +1,73 @@
+"""The training input pipeline: config -> Grain ``DatasetIterator`` of ``[local_batch, seq_len + 1]`` int32.
+
+One global stream of ``seq_len + 1`` token sequences, numbered 0, 1, 2, ...:
+
+* ``data.source="mock"``: sequence ``i`` is the Markov-chain sequence ``i`` (:mod:`hybrid_jax.data.mock`).
+* ``data.source="tokens"``: the prepared documents joined end to end (each already ends in EOS) and cut into
+  windows of ``seq_len + 1`` (the FLA/Primus recipe: no padding, windows cross document boundaries),
+  shuffled with ``train.seed`` (a fresh permutation every epoch), repeated forever.
+
+Process ``p`` of ``n`` takes sequences ``p, p + n, p + 2n, ...`` and batches them ``global_batch_size / n``
+at a time, so global batch ``k`` is sequences ``[k * global_batch_size, (k + 1) * global_batch_size)`` split
+disjointly over processes. All index arithmetic happens in Grain ``MapDataset`` transformations, so the
+iterator's state is a position: ``get_state()/set_state()`` (and ``grain.checkpoint`` with Orbax) resume at
+exactly the next batch, and the stream does not depend on ``data.num_workers``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import grain
+from absl import flags
+from ml_collections import ConfigDict
+
+from hybrid_jax.data.mock import MarkovSequences
+from hybrid_jax.data.shards import TokenWindows, read_manifest
+from hybrid_jax.data.tokenizer import check_vocab
+
+_PREFETCH_BATCHES = 2  # batches read ahead per process (and per worker): each is global_batch/n x seq_len ints
+
+
+def sequences(config: ConfigDict) -> grain.MapDataset:
+    """The global stream: an (effectively) infinite ``MapDataset`` of ``[seq_len + 1]`` int32 sequences."""
+    length = config.train.seq_len + 1
+    source = config.data.source
+    if source == "mock":
+        return grain.MapDataset.range(sys.maxsize).map(
+            MarkovSequences(config.model.vocab_size, length, config.train.seed)
+        )
+    if source == "tokens":
+        if not config.data.path:
+            raise ValueError("data.source='tokens' needs data.path: the --output directory of hybrid_jax.prepare")
+        manifest = read_manifest(config.data.path)
+        check_vocab(config.model.vocab_size, manifest["vocab_size"], what=f"the tokenizer of {config.data.path}")
+        windows = grain.MapDataset.source(TokenWindows(str(config.data.path), length))
+        return windows.shuffle(seed=config.train.seed % 2**32).repeat()
+    raise ValueError(f"unknown data.source {source!r}: expected 'mock' or 'tokens'")
+
+
+def make_train_iterator(
+    config: ConfigDict, *, process_index: int = 0, process_count: int = 1
+) -> grain.DatasetIterator:
+    """This process's batches: a Grain iterator yielding ``[global_batch_size // process_count, seq_len + 1]``
+    int32 numpy arrays (inputs ``[:, :-1]``, targets ``[:, 1:]``), forever."""
+    global_batch = config.train.global_batch_size
+    if global_batch % process_count:
+        raise ValueError(
+            f"train.global_batch_size={global_batch} is not divisible by the process count {process_count}"
+        )
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} is outside [0, {process_count})")
+    local_batch = global_batch // process_count
+    ds = sequences(config)[process_index::process_count].batch(local_batch, drop_remainder=True)
+    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=_PREFETCH_BATCHES))
+    if config.data.num_workers > 0:
+        if not flags.FLAGS.is_parsed():  # Grain's worker processes read absl flags; outside an absl app, use defaults
+            flags.FLAGS.mark_as_parsed()
+        it_ds = it_ds.mp_prefetch(
+            grain.MultiprocessingOptions(
+                num_workers=config.data.num_workers, per_worker_buffer_size=_PREFETCH_BATCHES
+            )
+        )
+    return iter(it_ds)

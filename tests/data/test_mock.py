@@ -1,0 +1,75 @@
+"""The mock stream: deterministic, Markov-structured, split disjointly over processes, resumable."""
+
+import numpy as np
+import pytest
+
+from hybrid_jax.data import make_train_iterator
+from hybrid_jax.data.mock import ENTROPY_FLOOR, SUCCESSOR_PROBS, MarkovSequences
+from tests.data.util import small_config
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def test_shape_dtype_and_determinism():
+    c = small_config()
+    a, b = _take(make_train_iterator(c), 3), _take(make_train_iterator(c), 3)
+    assert a[0].shape == (4, 17) and a[0].dtype == np.int32
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a[0], a[1])  # the stream moves on
+    other = next(make_train_iterator(small_config(**{"train.seed": 8})))
+    assert not np.array_equal(a[0], other)
+    assert a[0].min() >= 0 and a[0].max() < 64
+
+
+def test_transitions_follow_the_chain_with_its_probabilities():
+    chain = MarkovSequences(vocab_size=64, length=4001, seed=3)
+    seq = np.concatenate([chain(i) for i in range(5)])  # 5 x 4000 transitions within sequences
+    succ = chain.successors
+    prev, nxt = np.stack([chain(i)[:-1] for i in range(5)]).ravel(), np.stack([chain(i)[1:] for i in range(5)]).ravel()
+    rank = np.argmax(succ[prev] == nxt[:, None], axis=1)
+    assert (succ[prev, rank] == nxt).all()  # every step goes to one of the token's successors
+    freq = np.bincount(rank, minlength=len(SUCCESSOR_PROBS)) / len(rank)
+    np.testing.assert_allclose(freq, SUCCESSOR_PROBS, atol=0.02)
+    assert 1.1 < ENTROPY_FLOOR < 1.3 < np.log(64)
+    assert len(np.unique(seq)) > 32  # the chain visits most of the vocabulary
+    np.testing.assert_array_equal(chain(123), MarkovSequences(64, 4001, 3)(123))
+
+
+def test_processes_split_the_global_batch_disjointly():
+    c = small_config()
+    (g0, g1) = _take(make_train_iterator(c), 2)
+    p0 = _take(make_train_iterator(c, process_index=0, process_count=2), 2)
+    p1 = _take(make_train_iterator(c, process_index=1, process_count=2), 2)
+    for g, a, b in zip((g0, g1), p0, p1, strict=True):
+        assert a.shape == (2, 17)
+        np.testing.assert_array_equal(g[0::2], a)
+        np.testing.assert_array_equal(g[1::2], b)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_after_n_batches_gives_the_next_batch(num_workers):
+    c = small_config(**{"data.num_workers": num_workers})
+    straight = make_train_iterator(c)
+    expected = _take(straight, 4)
+    first = make_train_iterator(c)
+    _take(first, 3)
+    state = first.get_state()
+    resumed = make_train_iterator(c)
+    resumed.set_state(state)
+    np.testing.assert_array_equal(next(resumed), expected[3])
+    for it in (straight, first, resumed):
+        if num_workers:
+            it.close()
+    np.testing.assert_array_equal(expected[0], next(make_train_iterator(small_config())))  # workers: same stream
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="not divisible"):
+        make_train_iterator(small_config(), process_count=3)
+    with pytest.raises(ValueError, match="unknown data.source"):
+        make_train_iterator(small_config(**{"data.source": "nope"}))
+    with pytest.raises(ValueError, match="data.path"):
+        make_train_iterator(small_config(**{"data.source": "tokens"}))
