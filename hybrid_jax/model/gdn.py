@@ -1,0 +1,58 @@
+"""Gated DeltaNet mixer (Primus ``GatedDeltaNet`` / FLA ``GatedDeltaNet``), grouped value heads.
+
+With ``Hk`` key heads of dim ``dk`` and ``Hv`` value heads (a multiple of ``Hk``) of dim ``dv``::
+
+    [q | k | v | z | b | a] = in_proj(x)              q, k: Hk*dk;  v, z: Hv*dv;  b, a: Hv
+    [q | k | v] = silu(conv1d([q | k | v]))            depthwise causal, kernel conv_size, no bias
+    beta = sigmoid(b);  g = -exp(A_log) * softplus(a + dt_bias)      (float32)
+    o, S = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True)   q/k NOT repeated: the kernel groups heads
+    y = out_proj(out_norm(o) * silu(z))                out_norm: RMSNorm over dv, one weight shared by all heads
+
+Sown intermediates: ``g [B,T,Hv]``, ``beta [B,T,Hv]`` (float32), ``final_state [B,Hv,dk,dv]`` (float32).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax import kernels
+from hybrid_jax.model.layers import RMSNorm, ShortConv, a_log_init, decay_gate, dense, dt_bias_init, dtypes, split_heads
+
+
+class GatedDeltaNet(nnx.Module):
+    """GDN mixer on ``x: [B,T,D] -> [B,T,D]``."""
+
+    def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
+        c = cfg.gdn
+        dtype, param_dtype = dtypes(cfg)
+        if c.num_value_heads % c.num_key_heads:
+            raise ValueError(f"gdn.num_value_heads {c.num_value_heads} must be a multiple of {c.num_key_heads}")
+        self.hk, self.dk, self.hv, self.dv = c.num_key_heads, c.key_head_dim, c.num_value_heads, c.value_head_dim
+        qk, vd = self.hk * self.dk, self.hv * self.dv
+        self.in_proj = dense(cfg, cfg.hidden_size, 2 * qk + 2 * vd + 2 * self.hv, rngs=rngs)
+        self.conv1d = ShortConv(2 * qk + vd, c.conv_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                                rngs=rngs)
+        self.A_log = nnx.Param(a_log_init(rngs.params(), (self.hv,), param_dtype))
+        self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.hv,), param_dtype))
+        self.out_norm = RMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.out_proj = dense(cfg, vd, cfg.hidden_size, rngs=rngs)
+        self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        B, T, _ = x.shape
+        qk, vd = self.hk * self.dk, self.hv * self.dv
+        proj = self.in_proj(x)
+        qkv, z, b, a = jnp.split(proj, [2 * qk + vd, 2 * qk + 2 * vd, 2 * qk + 2 * vd + self.hv], axis=-1)
+        q, k, v = split_heads(self.conv1d(qkv), ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
+        beta = jax.nn.sigmoid(b.astype(jnp.float32))
+        g = decay_gate(self.A_log[...], a, self.dt_bias[...])
+        o, state = kernels.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True,
+                                                  chunk_size=self.chunk_size, impl=self.kernel_impl)
+        self.sow(nnx.Intermediate, "g", g)
+        self.sow(nnx.Intermediate, "beta", beta)
+        self.sow(nnx.Intermediate, "final_state", state)
+        y = self.out_norm(o, jax.nn.silu(z.astype(jnp.float32)).reshape(B, T, self.hv, self.dv))
+        return self.out_proj(y.reshape(B, T, vd))

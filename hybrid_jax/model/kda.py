@@ -1,0 +1,75 @@
+"""Kimi Delta Attention mixer (Primus ``KimiDeltaAttention``, fused in_proj / FLA ``KimiDeltaAttention``).
+
+With ``Hk`` key heads of dim ``dk`` and ``Hv`` value heads (a multiple of ``Hk``) of dim ``dv``::
+
+    [q | k | v | f_a | g_a | b] = in_proj(x)           q, k: Hk*dk;  v: Hv*dv;  f_a, g_a: dv (low rank);  b: Hv
+    [q | k | v] = silu(conv1d([q | k | v]))            depthwise causal, kernel conv_size, no bias
+    f = f_b_proj(f_a)  (dv -> Hv*dk, no bias);   g = -exp(A_log[h]) * softplus(f + dt_bias)   per key channel, float32
+    beta = sigmoid(b)
+    o, S = chunk_kda(q, k, v, g, beta, use_qk_l2norm=True)
+    y = out_proj(out_norm(o) * sigmoid(g_b_proj(g_a)))  g_b_proj: dv -> Hv*dv with bias; out_norm over dv, shared
+
+``f_b_proj`` and ``g_b_proj`` use PyTorch's default nn.Linear init (as the reference); the rest ``normal(init_std)``.
+Sown intermediates: ``g [B,T,Hv,dk]``, ``beta [B,T,Hv]`` (float32), ``final_state [B,Hv,dk,dv]`` (float32).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax import kernels
+from hybrid_jax.model.layers import (
+    RMSNorm,
+    ShortConv,
+    a_log_init,
+    decay_gate,
+    dense,
+    dt_bias_init,
+    dtypes,
+    split_heads,
+    torch_default_init,
+)
+
+
+class KimiDeltaAttention(nnx.Module):
+    """KDA mixer on ``x: [B,T,D] -> [B,T,D]``."""
+
+    def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
+        c = cfg.kda
+        dtype, param_dtype = dtypes(cfg)
+        if c.num_value_heads % c.num_key_heads:
+            raise ValueError(f"kda.num_value_heads {c.num_value_heads} must be a multiple of {c.num_key_heads}")
+        self.hk, self.dk, self.hv, self.dv = c.num_key_heads, c.key_head_dim, c.num_value_heads, c.value_head_dim
+        qk, vd = self.hk * self.dk, self.hv * self.dv
+        self.in_proj = dense(cfg, cfg.hidden_size, 2 * qk + vd + 2 * self.dv + self.hv, rngs=rngs)
+        self.conv1d = ShortConv(2 * qk + vd, c.conv_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                                rngs=rngs)
+        low_rank_init = torch_default_init(self.dv)
+        self.f_b_proj = dense(cfg, self.dv, self.hv * self.dk, kernel_init=low_rank_init, rngs=rngs)
+        self.g_b_proj = dense(cfg, self.dv, vd, kernel_init=low_rank_init, use_bias=True, bias_init=low_rank_init,
+                              rngs=rngs)
+        self.A_log = nnx.Param(a_log_init(rngs.params(), (self.hv,), param_dtype))
+        self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.hv * self.dk,), param_dtype))
+        self.out_norm = RMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.out_proj = dense(cfg, vd, cfg.hidden_size, rngs=rngs)
+        self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        B, T, _ = x.shape
+        qk, vd = self.hk * self.dk, self.hv * self.dv
+        qkv, f_a, g_a, b = jnp.split(self.in_proj(x), [2 * qk + vd, 2 * qk + vd + self.dv, 2 * qk + vd + 2 * self.dv],
+                                     axis=-1)
+        q, k, v = split_heads(self.conv1d(qkv), ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
+        f = self.f_b_proj(f_a).reshape(B, T, self.hv, self.dk)
+        g = decay_gate(self.A_log[...][:, None], f, self.dt_bias[...].reshape(self.hv, self.dk))
+        beta = jax.nn.sigmoid(b.astype(jnp.float32))
+        o, state = kernels.chunk_kda(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True,
+                                     chunk_size=self.chunk_size, impl=self.kernel_impl)
+        self.sow(nnx.Intermediate, "g", g)
+        self.sow(nnx.Intermediate, "beta", beta)
+        self.sow(nnx.Intermediate, "final_state", state)
+        gate = jax.nn.sigmoid(self.g_b_proj(g_a).astype(jnp.float32)).reshape(B, T, self.hv, self.dv)
+        return self.out_proj(self.out_norm(o, gate).reshape(B, T, vd))

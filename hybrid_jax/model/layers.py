@@ -1,0 +1,160 @@
+"""Shared building blocks: initialisers, linear layers, RMSNorm (plain and grouped), short causal conv, SwiGLU MLP.
+
+Conventions (all modules of ``hybrid_jax.model``):
+
+* Parameters are stored in ``param_dtype`` (float32 master weights); activations flow in the compute ``dtype``.
+* Linear kernels are ``[in, out]`` (PyTorch's ``weight`` is the transpose), created by :func:`dense`.
+* Norms compute in float32 and return the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+
+Initializer = nnx.initializers.Initializer
+ZEROS = nnx.initializers.zeros_init()
+
+
+# --------------------------------------------------------------------------------------------- initialisers
+def normal_init(std: float) -> Initializer:
+    """``normal(0, std)``: Megatron's ``init_method_normal`` for every Linear and the embedding."""
+    return nnx.initializers.normal(stddev=std)
+
+
+def torch_default_init(fan_in: int) -> Initializer:
+    """PyTorch's default ``nn.Linear`` / ``nn.Conv1d`` init (weight and bias): ``U(+-1/sqrt(fan_in))``."""
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def init(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def a_log_init(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
+    """``A_log = log(A)`` with ``A ~ U(1, 16)`` (U(0, 16) can give ``log 0``)."""
+    return jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
+
+
+def dt_bias_init(key: jax.Array, shape, dtype=jnp.float32, dt_min: float = 1e-3, dt_max: float = 0.1,
+                 dt_floor: float = 1e-4) -> jax.Array:
+    """``dt_bias = softplus^-1(dt)``, ``dt = exp(U(log dt_min, log dt_max))`` clamped ``>= dt_floor``."""
+    u = jax.random.uniform(key, shape, jnp.float32)
+    dt = jnp.maximum(jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)), dt_floor)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------- linear
+def dtypes(cfg: ConfigDict) -> tuple[jnp.dtype, jnp.dtype]:
+    """``(compute dtype, param dtype)`` of a model config."""
+    return jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+
+
+def dense(cfg: ConfigDict, d_in: int, d_out: int, *, rngs: nnx.Rngs, kernel_init: Initializer | None = None,
+          use_bias: bool = False, bias_init: Initializer = ZEROS) -> nnx.Linear:
+    """A Linear ``[d_in] -> [d_out]`` (kernel ``[d_in, d_out]``), no bias by default, ``normal(init_std)`` init."""
+    dtype, param_dtype = dtypes(cfg)
+    return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                      kernel_init=kernel_init or normal_init(cfg.init_std), bias_init=bias_init, rngs=rngs)
+
+
+# --------------------------------------------------------------------------------------------- norms
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+    """``x / sqrt(mean(x^2) + eps)`` over the last axis, in float32."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis with a weight ``[dim]`` (ones); float32 inside, output in the compute dtype."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype = jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array, gate: jax.Array | None = None) -> jax.Array:
+        """``rmsnorm(x) * weight`` (``* gate`` when given, multiplied in float32). ``x: [..., dim]``."""
+        y = rms_normalize(x, self.eps) * self.weight[...].astype(jnp.float32)
+        if gate is not None:
+            y = y * gate.astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+class GroupRMSNorm(nnx.Module):
+    """Mamba2's gated RMSNorm, gate first: ``rmsnorm_group(y * silu(z)) * weight``, groups of ``dim // groups``.
+
+    ``y, z: [..., dim]`` with ``weight: [dim]`` (ones). float32 inside; output in the compute dtype.
+    """
+
+    def __init__(self, dim: int, groups: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype = jnp.float32):
+        if dim % groups:
+            raise ValueError(f"GroupRMSNorm: dim {dim} is not a multiple of groups {groups}")
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.groups = groups
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, y: jax.Array, z: jax.Array) -> jax.Array:
+        x = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+        shape = x.shape
+        x = rms_normalize(x.reshape(*shape[:-1], self.groups, shape[-1] // self.groups), self.eps).reshape(shape)
+        return (x * self.weight[...].astype(jnp.float32)).astype(self.dtype)
+
+
+# --------------------------------------------------------------------------------------------- short conv
+class ShortConv(nnx.Module):
+    """Depthwise causal conv over time, then SiLU: ``y[t, c] = silu(b[c] + sum_j w[j, c] x[t - K + 1 + j, c])``.
+
+    ``kernel: [K, C]`` (PyTorch ``conv1d.weight [C, 1, K]`` is ``kernel.T[:, None, :]``); optional ``bias: [C]``.
+    PyTorch's default Conv1d init (``U(+-1/sqrt(K))``) for both. ``x: [B, T, C] -> [B, T, C]``.
+    """
+
+    def __init__(self, channels: int, kernel_size: int, *, use_bias: bool, dtype: jnp.dtype,
+                 param_dtype: jnp.dtype, rngs: nnx.Rngs):
+        init = torch_default_init(kernel_size)
+        self.kernel = nnx.Param(init(rngs.params(), (kernel_size, channels), param_dtype))
+        self.bias = nnx.Param(init(rngs.params(), (channels,), param_dtype)) if use_bias else None
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        K = self.kernel.shape[0]
+        T = x.shape[1]
+        w = self.kernel[...].astype(self.dtype)
+        xp = jnp.pad(x.astype(self.dtype), ((0, 0), (K - 1, 0), (0, 0)))
+        y = sum(xp[:, j : j + T] * w[j] for j in range(K))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return jax.nn.silu(y)
+
+
+# --------------------------------------------------------------------------------------------- MLP
+class MLP(nnx.Module):
+    """SwiGLU: ``linear_fc2(silu(gate) * up)`` with ``[gate | up] = linear_fc1(x)`` (``D -> 2F -> D``). ``[B,T,D]``."""
+
+    def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
+        self.linear_fc1 = dense(cfg, cfg.hidden_size, 2 * cfg.ffn_size, rngs=rngs)
+        self.linear_fc2 = dense(cfg, cfg.ffn_size, cfg.hidden_size, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate, up = jnp.split(self.linear_fc1(x), 2, axis=-1)
+        return self.linear_fc2(jax.nn.silu(gate) * up)
+
+
+# --------------------------------------------------------------------------------------------- recurrent helpers
+def decay_gate(a_log: jax.Array, a: jax.Array, dt_bias: jax.Array) -> jax.Array:
+    """The log decay ``g = -exp(A_log) * softplus(a + dt_bias)`` in float32; ``A_log`` broadcasts over ``a``."""
+    return -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32) + dt_bias.astype(jnp.float32))
+
+
+def split_heads(x: jax.Array, sizes: tuple[tuple[int, int], ...]) -> list[jax.Array]:
+    """Split ``x: [B,T,sum(h*d)]`` into ``[B,T,h,d]`` pieces, one per ``(heads, head_dim)`` in ``sizes``."""
+    B, T, _ = x.shape
+    bounds = np.cumsum([h * d for h, d in sizes])[:-1]
+    return [p.reshape(B, T, h, d) for p, (h, d) in zip(jnp.split(x, bounds, axis=-1), sizes, strict=True)]

@@ -1,0 +1,64 @@
+"""Mamba2 mixer (Megatron ``MambaMixer`` / mamba_ssm ``Mamba2``), SSD through the scalar-gated linear-attention kernel.
+
+With ``d_in = expand * D``, ``nh = d_in / head_dim`` SSM heads, ``G`` groups and state size ``N``::
+
+    [z | x | B | C | dt] = in_proj(u)                z, x: d_in;  B, C: G*N;  dt: nh
+    [x | B | C] = silu(conv1d([x | B | C]))           depthwise causal, kernel conv_size, WITH bias
+    dt = softplus(dt + dt_bias);  A = -exp(A_log)     (float32)
+    y, S = chunk_simple_gla(q=C, k=B, v=dt*x, g=dt*A, scale=1)   one kernel q/k head per group: B, C are not repeated
+    y = y + D[h] * x
+    out = out_proj(norm(y, z))                        rmsnorm_group(y * silu(z)) * w, group size d_in/G, gate first
+
+The sublayer gets a pre-norm like every other sublayer (Primus's no-TE Mamba spec has none, its converter emits a
+ones ``mixer_norm`` for it). Sown intermediates: ``dt [B,T,nh]`` (float32), ``final_state [B,nh,N,head_dim]``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax import kernels
+from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, split_heads
+
+
+class Mamba2(nnx.Module):
+    """Mamba2 mixer on ``u: [B,T,D] -> [B,T,D]``."""
+
+    def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
+        c = cfg.mamba2
+        dtype, param_dtype = dtypes(cfg)
+        self.d_in = c.expand * cfg.hidden_size
+        if self.d_in % c.head_dim:
+            raise ValueError(f"mamba2: d_inner {self.d_in} is not a multiple of head_dim {c.head_dim}")
+        self.head_dim, self.nheads = c.head_dim, self.d_in // c.head_dim
+        self.groups, self.state = c.num_groups, c.state_dim
+        if self.nheads % self.groups:
+            raise ValueError(f"mamba2: {self.nheads} heads are not a multiple of num_groups {self.groups}")
+        bc = 2 * self.groups * self.state
+        self.in_proj = dense(cfg, cfg.hidden_size, 2 * self.d_in + bc + self.nheads, rngs=rngs)
+        self.conv1d = ShortConv(self.d_in + bc, c.conv_size, use_bias=True, dtype=dtype, param_dtype=param_dtype,
+                                rngs=rngs)
+        self.A_log = nnx.Param(a_log_init(rngs.params(), (self.nheads,), param_dtype))
+        self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.nheads,), param_dtype))
+        self.D = nnx.Param(jnp.ones((self.nheads,), param_dtype))
+        self.norm = GroupRMSNorm(self.d_in, self.groups, eps=c.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.out_proj = dense(cfg, self.d_in, cfg.hidden_size, rngs=rngs)
+        self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size, dtype
+
+    def __call__(self, u: jax.Array) -> jax.Array:
+        Bsz, T, _ = u.shape
+        z, xbc, dt = jnp.split(self.in_proj(u), [self.d_in, 2 * self.d_in + 2 * self.groups * self.state], axis=-1)
+        x, b, c = split_heads(self.conv1d(xbc), ((self.nheads, self.head_dim), (self.groups, self.state),
+                                                 (self.groups, self.state)))
+        dt = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))  # [B,T,nh]
+        a = -jnp.exp(self.A_log[...].astype(jnp.float32))
+        v = (dt[..., None] * x.astype(jnp.float32)).astype(self.dtype)
+        y, state = kernels.chunk_simple_gla(c, b, v, dt * a, scale=1.0, output_final_state=True,
+                                            chunk_size=self.chunk_size, impl=self.kernel_impl)
+        self.sow(nnx.Intermediate, "dt", dt)
+        self.sow(nnx.Intermediate, "final_state", state)
+        y = y.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
+        return self.out_proj(self.norm(y.reshape(Bsz, T, self.d_in), z))

@@ -1,0 +1,117 @@
+"""Multi-head Latent Attention (Megatron ``MLASelfAttention`` / FLA ``MultiheadLatentAttention``), causal.
+
+With ``H`` heads, ``dn`` = qk_nope_head_dim, ``dr`` = qk_rope_head_dim, ``dv`` = v_head_dim::
+
+    q            = linear_q_up_proj(q_layernorm(linear_q_down_proj(x)))      -> [B,T,H,dn+dr] = [q_nope | q_rope]
+    [c | k_rope] = linear_kv_down_proj(x)                                     c: [B,T,kv_lora_rank], k_rope: [B,T,dr]
+    kv           = linear_kv_up_proj(kv_layernorm(c))                         -> [B,T,H,dn+dv] = [k_nope | v]
+    q = [q_nope | rope(q_rope)];  k = [k_nope | rope(k_rope) (shared by all heads)]
+    o = linear_proj(softmax(q k^T * mscale^2 / sqrt(dn+dr), causal) v)        [B,T,H*dv] -> [B,T,D]
+
+RoPE convention: FLA's rotate-half on the rope channels as stored (``[x1 | x2]`` halves, channel ``i`` pairs with
+``i + dr/2``). Megatron first reorders the rope channels to ``[even | odd]``; a Megatron checkpoint therefore maps to
+ours by permuting the rope rows of ``linear_q_up_proj`` (per head) and of ``k_rope`` with ``cat(w[0::2], w[1::2])``.
+YaRN (DeepSeek/Megatron form) is used when ``rope_scaling_factor > 1``; factor 1 is exactly plain RoPE.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax import kernels
+from hybrid_jax.model.layers import RMSNorm, dense, dtypes
+
+
+# --------------------------------------------------------------------------------------------- RoPE / YaRN
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention temperature: ``0.1 * mscale * ln(factor) + 1`` for ``factor > 1``, else 1."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_frequencies(mla: ConfigDict) -> tuple[np.ndarray, float]:
+    """``(inv_freq [dr/2] float64, cos/sin magnitude)`` for the MLA rope dim, plain RoPE or YaRN."""
+    dim, base, factor = mla.qk_rope_head_dim, mla.rope_theta, mla.rope_scaling_factor
+    inv_freq = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if factor <= 1.0:
+        return inv_freq, 1.0
+
+    def correction_dim(num_rotations: float) -> float:
+        return dim * math.log(mla.original_max_position_embeddings / (num_rotations * 2 * math.pi)) / (
+            2 * math.log(base))
+
+    low = max(math.floor(correction_dim(mla.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(mla.beta_slow)), dim - 1)
+    ramp = np.clip((np.arange(dim // 2) - low) / max(high - low, 1e-3), 0.0, 1.0)
+    extrapolate = 1.0 - ramp  # 1: keep the original frequency (high frequencies), 0: interpolate by `factor`
+    inv_freq = inv_freq / factor * (1.0 - extrapolate) + inv_freq * extrapolate
+    return inv_freq, yarn_mscale(factor, mla.mscale) / yarn_mscale(factor, mla.mscale_all_dim)
+
+
+def apply_rope(x: jax.Array, inv_freq: np.ndarray, magnitude: float) -> jax.Array:
+    """Rotate-half RoPE at positions ``0..T-1``. ``x: [B,T,H,dr]`` -> same shape and dtype (float32 inside)."""
+    T = x.shape[1]
+    angles = jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.asarray(inv_freq, jnp.float32)[None, :]  # [T, dr/2]
+    cos = (jnp.cos(angles) * magnitude)[None, :, None, :]
+    sin = (jnp.sin(angles) * magnitude)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------- module
+class MLA(nnx.Module):
+    """Causal MLA on ``x: [B,T,D] -> [B,T,D]``. Sows the attention map ``[B,H,T,T]`` only if ``capture_attention``."""
+
+    def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
+        m = cfg.mla
+        dtype, param_dtype = dtypes(cfg)
+        D, H = cfg.hidden_size, m.num_heads
+        self.num_heads, self.nope, self.rope, self.v_dim = H, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        self.kv_lora_rank = m.kv_lora_rank
+        if self.rope % 2:
+            raise ValueError(f"mla.qk_rope_head_dim must be even, got {self.rope}")
+        self.linear_q_down_proj = dense(cfg, D, m.q_lora_rank, rngs=rngs)
+        self.q_layernorm = RMSNorm(m.q_lora_rank, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.linear_q_up_proj = dense(cfg, m.q_lora_rank, H * (self.nope + self.rope), rngs=rngs)
+        self.linear_kv_down_proj = dense(cfg, D, m.kv_lora_rank + self.rope, rngs=rngs)
+        self.kv_layernorm = RMSNorm(m.kv_lora_rank, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.linear_kv_up_proj = dense(cfg, m.kv_lora_rank, H * (self.nope + self.v_dim), rngs=rngs)
+        self.linear_proj = dense(cfg, H * self.v_dim, D, rngs=rngs)
+        inv_freq, self.rope_magnitude = rope_frequencies(m)
+        self.inv_freq = tuple(float(f) for f in inv_freq)  # static (hashable) module attribute
+        self.softmax_scale = yarn_mscale(m.rope_scaling_factor, m.mscale_all_dim) ** 2 / math.sqrt(
+            self.nope + self.rope)
+        self.kernel_impl = cfg.kernel_impl
+        self.capture_attention = False
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        B, T, _ = x.shape
+        H, inv_freq = self.num_heads, np.asarray(self.inv_freq)
+        q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x))).reshape(B, T, H, -1)
+        q_nope, q_rope = q[..., : self.nope], q[..., self.nope :]
+        latent_rope = self.linear_kv_down_proj(x)
+        latent, k_rope = latent_rope[..., : self.kv_lora_rank], latent_rope[..., self.kv_lora_rank :]
+        kv = self.linear_kv_up_proj(self.kv_layernorm(latent)).reshape(B, T, H, -1)
+        k_nope, v = kv[..., : self.nope], kv[..., self.nope :]
+        q_rope = apply_rope(q_rope, inv_freq, self.rope_magnitude)
+        k_rope = jnp.broadcast_to(apply_rope(k_rope[:, :, None, :], inv_freq, self.rope_magnitude),
+                                  (B, T, H, self.rope))
+        q = jnp.concatenate([q_nope, q_rope], axis=-1)
+        k = jnp.concatenate([k_nope, k_rope], axis=-1)
+        o = kernels.attention(q, k, v, causal=True, scale=self.softmax_scale, impl=self.kernel_impl)
+        if self.capture_attention:
+            self.sow(nnx.Intermediate, "attention", causal_attention_map(q, k, self.softmax_scale))
+        return self.linear_proj(o.reshape(B, T, H * self.v_dim))
+
+
+def causal_attention_map(q: jax.Array, k: jax.Array, scale: float) -> jax.Array:
+    """Softmax attention probabilities ``[B,H,T,T]`` (float32) of ``q, k: [B,T,H,d]``, causal."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
+    T = q.shape[1]
+    s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -jnp.inf)
+    return jax.nn.softmax(s, axis=-1)

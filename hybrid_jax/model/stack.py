@@ -1,0 +1,97 @@
+"""The language model: layer plan -> pre-norm residual sublayers -> final norm -> tied-embedding logits.
+
+::
+
+    h = embed(tokens)                                   [B,T,D] in the compute dtype (no positional embedding)
+    for each sublayer in layer_plan(cfg):  h = h + f(norm(h))     f: MLA, GDN, KDA, Mamba2 or SwiGLU MLP
+    features = final_norm(h)                            [B,T,D]
+    logits = features @ embedding^T                     [B,T,V] float32 (tied embedding)
+
+Each sublayer sows its output (the residual stream after it) as ``output``; mixers sow their internals (see each
+mixer). Capture them with ``nnx.capture(model, nnx.Intermediate)(tokens)`` or ``nnx.pop(model, nnx.Intermediate)``.
+``model.remat``: ``"none"``, ``"mixer"`` (all but the MLPs) or ``"full"`` (every sublayer), via ``nnx.remat``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax.model.gdn import GatedDeltaNet
+from hybrid_jax.model.kda import KimiDeltaAttention
+from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, normal_init
+from hybrid_jax.model.mamba2 import Mamba2
+from hybrid_jax.model.mla import MLA
+from hybrid_jax.model.plan import layer_plan, sublayer_kinds
+
+SUBLAYERS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
+# Attribute (and so parameter-path) name of the inner block, as Megatron names it.
+BLOCK_NAMES = {"mla": "self_attention", "gdn": "mixer", "kda": "mixer", "mamba2": "mixer", "mlp": "mlp"}
+REMAT_MODES = ("none", "mixer", "full")
+
+
+class Sublayer(nnx.Module):
+    """One pre-norm residual block ``x + f(norm(x))`` of kind ``mla|gdn|kda|mamba2|mlp``. ``[B,T,D] -> [B,T,D]``."""
+
+    def __init__(self, kind: str, cfg: ConfigDict, *, rngs: nnx.Rngs, remat: bool = False):
+        dtype, param_dtype = dtypes(cfg)
+        self.kind, self.remat = kind, remat
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        setattr(self, BLOCK_NAMES[kind], SUBLAYERS[kind](cfg, rngs=rngs))
+
+    @property
+    def block(self) -> nnx.Module:
+        return getattr(self, BLOCK_NAMES[self.kind])
+
+    def residual(self, x: jax.Array) -> jax.Array:
+        return x + self.block(self.norm(x)).astype(x.dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        out = nnx.remat(Sublayer.residual)(self, x) if self.remat else self.residual(x)
+        self.sow(nnx.Intermediate, "output", out)
+        return out
+
+
+def tied_logits(features: jax.Array, embedding: jax.Array) -> jax.Array:
+    """``features [..., D] @ embedding[V, D]^T`` in the features' dtype, accumulated and returned in float32."""
+    return jnp.einsum("...d,vd->...v", features, embedding.astype(features.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+class HybridLM(nnx.Module):
+    """The hybrid LM of a ``config.model`` ConfigDict.
+
+    Parameters: ``embed.embedding [V,D]`` (tied with the output layer), ``layers[i]`` (:class:`Sublayer`, one per
+    character of :func:`layer_plan`), ``final_norm.weight [D]``. See ``hybrid_jax.model.params`` for the name table.
+    """
+
+    def __init__(self, model_cfg: ConfigDict, *, rngs: nnx.Rngs):
+        if model_cfg.remat not in REMAT_MODES:
+            raise ValueError(f"model.remat must be one of {REMAT_MODES}, got {model_cfg.remat!r}")
+        dtype, param_dtype = dtypes(model_cfg)
+        self.plan = layer_plan(model_cfg)
+        self.embed = nnx.Embed(model_cfg.vocab_size, model_cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
+                               embedding_init=normal_init(model_cfg.init_std), rngs=rngs)
+        remat = {"none": (), "mixer": ("mla", "gdn", "kda", "mamba2"), "full": tuple(SUBLAYERS)}[model_cfg.remat]
+        self.layers = nnx.List(
+            [Sublayer(kind, model_cfg, rngs=rngs, remat=kind in remat) for kind in sublayer_kinds(model_cfg)]
+        )
+        self.final_norm = RMSNorm(model_cfg.hidden_size, eps=model_cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+
+    @property
+    def embedding(self) -> jax.Array:
+        """The tied embedding matrix ``[V, D]`` as stored (float32 master weights)."""
+        return self.embed.embedding[...]
+
+    def features(self, tokens: jax.Array) -> jax.Array:
+        """``tokens int32 [B,T]`` -> hidden states after the final norm ``[B,T,D]`` (compute dtype)."""
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.final_norm(h)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """``tokens int32 [B,T]`` -> logits ``[B,T,V]`` float32 (``tied_logits(features, embedding)``)."""
+        return tied_logits(self.features(tokens), self.embedding)
