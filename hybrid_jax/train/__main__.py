@@ -1,0 +1,39 @@
+"""``python -m hybrid_jax.train --config configs/X.py [--config.train.steps=N --config.train.workdir=DIR ...]``.
+
+The config is locked: an unknown key or a value of the wrong type is an error before anything runs. The
+resolved config is printed and saved as ``WORKDIR/config.json``; a rerun in the same workdir resumes from
+its newest complete checkpoint. An empty ``train.workdir`` means ``runs/<model.name>``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py)", lock_config=True)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides look like --config.train.steps=100")
+    from hybrid_jax.train.mesh import maybe_initialize_distributed
+
+    maybe_initialize_distributed()  # before anything touches the devices
+
+    from hybrid_jax.train.loop import TooManySkippedSteps, train
+    from hybrid_jax.train.validate import ConfigError
+
+    config = _CONFIG.value
+    if not config.train.workdir:
+        config.train.workdir = f"runs/{config.model.name or 'run'}"
+    try:
+        train(config)
+    except (ConfigError, TooManySkippedSteps) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("config")
+    app.run(main)

@@ -1,0 +1,99 @@
+"""The training run: config -> mesh -> state (fresh or restored) -> steps -> metrics and checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax.config import to_json
+from hybrid_jax.data import make_train_iterator
+from hybrid_jax.flops import flops_per_token
+from hybrid_jax.model import HybridLM, count_params, layer_plan
+from hybrid_jax.train import mesh as mesh_lib
+from hybrid_jax.train.checkpoint import Checkpointer
+from hybrid_jax.train.metrics import MetricsLogger
+from hybrid_jax.train.optim import make_optimizer
+from hybrid_jax.train.step import init_state, make_train_step
+from hybrid_jax.train.validate import validate
+
+
+class TooManySkippedSteps(RuntimeError):
+    """``train.max_skipped_in_a_row`` consecutive steps had a non-finite loss or gradient."""
+
+
+def abstract_like(state: dict, shardings: dict) -> dict:
+    """``ShapeDtypeStruct`` leaves with the given shardings: the restore target of ``state``."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+
+
+def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> dict:
+    """Train ``config`` in ``config.train.workdir``, resuming from its newest complete checkpoint.
+
+    ``stop_after``: stop (and checkpoint) once this step is done, e.g. to split a run across jobs; the
+    schedule still follows ``train.steps``. Returns the last logged metrics record.
+    """
+    t = config.train
+    mesh = mesh_lib.make_mesh(config.mesh)
+    accum = validate(config, mesh_lib.batch_shards(mesh))
+    workdir = Path(t.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(config)
+    log(f"model {config.model.name}: {count_params(config.model) / 1e6:.2f}M parameters, plan "
+        f"{layer_plan(config.model)}; mesh {dict(mesh.shape)}, accumulation {accum}, workdir {workdir}")
+
+    tx = make_optimizer(t)
+    graphdef, state, shardings = init_state(
+        lambda: HybridLM(config.model, rngs=nnx.Rngs(t.seed)), tx, mesh, zero1=t.zero1, seed=t.seed
+    )
+    data_iter = make_train_iterator(config, process_index=jax.process_index(), process_count=jax.process_count())
+    ckpt = Checkpointer(workdir, t)
+    if ckpt.latest_step() is not None:
+        log(f"resuming from {workdir / 'checkpoints'} step {ckpt.latest_step()}")
+        state = ckpt.restore(abstract_like(state, shardings), data_iter)
+    if jax.process_index() == 0:
+        (workdir / "config.json").write_text(to_json(config))
+
+    step_fn = make_train_step(graphdef, tx, t, mesh, shardings, accum=accum)
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    logger = MetricsLogger(workdir, flops_per_token=flops_per_token(config.model, t.seq_len),
+                           tokens_per_step=t.global_batch_size * t.seq_len, total_steps=t.steps)
+    first, last = int(state["step"]) + 1, min(t.steps, stop_after or t.steps)
+    record: dict = {}
+    previous = None  # the last step's metrics, read one step late so the host never stalls the device
+    try:
+        for step in range(first, last + 1):
+            batch = jax.make_array_from_process_local_data(batch_sharding, next(data_iter))
+            state, metrics = step_fn(state, batch)
+            if previous is not None:
+                _check_skipped(*previous, t.max_skipped_in_a_row, logger)
+            previous = (step, metrics)
+            if step == first:
+                jax.block_until_ready(metrics)
+                logger.start_clock(step)
+            if step % t.log_every == 0 or step == last:
+                values = {k: v.item() for k, v in jax.device_get(metrics).items() if k != "finite"}
+                record = logger.log(step, values)
+            ckpt.save(step, state, data_iter, force=step == last)
+        if previous is not None:
+            _check_skipped(*previous, t.max_skipped_in_a_row, logger)
+    finally:
+        ckpt.wait()
+        ckpt.close()
+        logger.close()
+    return record
+
+
+def _check_skipped(step: int, metrics: dict, limit: int, logger: MetricsLogger) -> None:
+    if bool(metrics["finite"]):
+        return
+    in_a_row = int(metrics["skipped_in_a_row"])
+    logger.warn(f"step {step}: non-finite loss or gradient, update skipped ({in_a_row} in a row, "
+                f"{int(metrics['skipped'])} in total)")
+    if in_a_row >= limit:
+        raise TooManySkippedSteps(
+            f"stopping: {in_a_row} steps in a row had a non-finite loss or gradient (train.max_skipped_in_a_row="
+            f"{limit}); lower train.lr, check the data, or restart from an earlier checkpoint"
+        )

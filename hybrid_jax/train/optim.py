@@ -1,0 +1,54 @@
+"""The optimizer: AdamW with linear warmup + cosine decay, weight decay on matrices only, global-norm clip.
+
+Weight-decay rule (Megatron's, as Primus trains): a parameter is decayed when it has two or more dimensions,
+so every projection, the conv filters and the tied embedding are decayed, while norm scales, biases and the
+per-head ``dt_bias`` / ``D`` / GDN ``A_log`` vectors are not. Names in :data:`NO_DECAY` are never decayed
+whatever their shape (our ``A_log`` / ``dt_bias`` / ``D`` may be stored with extra unit axes); Primus's
+KDA ``A_log`` is the one ``[1,1,H,1]`` exception that Megatron decays by accident, which we do not copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+from ml_collections import ConfigDict
+
+NO_DECAY = frozenset({"A_log", "dt_bias", "D"})
+
+
+def learning_rate_schedule(train_cfg: ConfigDict) -> optax.Schedule:
+    """Linear warmup from 0 to ``lr`` over ``warmup_steps``, then cosine to ``min_lr`` at ``steps``."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=train_cfg.lr,
+        warmup_steps=train_cfg.warmup_steps,
+        decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1),
+        end_value=train_cfg.min_lr,
+    )
+
+
+def decay_mask(params: Any) -> Any:
+    """Pytree of bools like ``params``: True where weight decay applies (ndim >= 2 and name not in NO_DECAY)."""
+
+    def decays(path, leaf) -> bool:
+        name = getattr(path[-1], "key", getattr(path[-1], "name", str(path[-1])))
+        return leaf.ndim >= 2 and name not in NO_DECAY
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(train_cfg: ConfigDict) -> optax.GradientTransformation:
+    """Clip the global gradient norm to ``clip_norm``, then AdamW (``b1, b2, eps, weight_decay``) on the schedule."""
+    return optax.chain(
+        optax.clip_by_global_norm(train_cfg.clip_norm),
+        optax.adamw(
+            learning_rate_schedule(train_cfg),
+            b1=train_cfg.b1,
+            b2=train_cfg.b2,
+            eps=train_cfg.eps,
+            weight_decay=train_cfg.weight_decay,
+            mask=decay_mask,
+        ),
+    )
