@@ -1,0 +1,486 @@
+"""Chunked gated delta rule (GDN) and scalar-gated linear attention (GLA / Mamba2 SSD) in Pallas.
+
+One kernel family, Triton lowering (NVIDIA and ROCm), forward and backward under ``jax.custom_vjp``.
+The algorithm is the WY/UT chunk form of :func:`hybrid_jax.kernels.reference.chunked_recurrence`; per
+chunk of ``C`` tokens with chunk-local cumulative log decay ``gamma`` and start state ``h``::
+
+    A     = strict_lower(beta_i k_i.k_j exp(gamma_i - gamma_j)),   T = (I + A)^-1      (delta rule only)
+    u     = T (beta V),   w = T (beta exp(gamma) K),   v_new = u - w h                   (GLA: v_new = V)
+    o     = (scale Q exp(gamma)) h + incl_lower(scale Q K^T exp(gamma_i - gamma_j)) v_new
+    h'    = exp(gamma_last) h + (K exp(gamma_last - gamma))^T v_new
+
+Kernels (``grid`` in brackets; ``N`` chunks, ``NV`` value tiles):
+
+forward   ``wy``        [B, HV, N]   A, T by a block-doubling inverse in float32, u, w   (delta rule only)
+          ``state``     [B, HV, NV]  sequential over chunks, float32 state in registers: h snapshots, v_new
+          ``output``    [B, HV, N]   o
+backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_new), d(initial state)
+          ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included)
+
+XLA glue does the cheap elementwise work: padding (T to a multiple of C, K and V to powers of two),
+the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the reverse cumsum), and the
+sum of q/k gradients over grouped value heads. The per-key gate of KDA is the planned extension: gamma
+becomes ``[C, K]`` and the decays move inside the matmuls with a sub-chunk reference point.
+
+Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32;
+states, gate sums and the triangular inverse are float32. Only 2-D dots, power-of-two blocks,
+``fori_loop`` loops and masks applied to exponents before ``exp``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from hybrid_jax.kernels import reference
+from hybrid_jax.kernels.tuning import Launch, RecurrentConfig, recurrent_config
+
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Non-differentiable, hashable arguments of the custom VJP."""
+
+    scale: float
+    chunk: int
+    cfg: RecurrentConfig
+    interpret: bool
+
+
+# ----------------------------------------------------------------------------------------------- in-kernel helpers
+
+
+def _dot(a: jax.Array, b: jax.Array, precision=None) -> jax.Array:
+    """2-D matmul with a float32 accumulator."""
+    return jnp.dot(a, b, preferred_element_type=F32, precision=precision)
+
+
+def _iota(n: int) -> tuple[jax.Array, jax.Array]:
+    """Row and column indices of an ``[n, n]`` tile."""
+    return lax.broadcasted_iota(jnp.int32, (n, n), 0), lax.broadcasted_iota(jnp.int32, (n, n), 1)
+
+
+def _masked_exp(diff: jax.Array, mask: jax.Array) -> jax.Array:
+    """``exp(diff)`` where ``mask`` else 0; the exponent is masked first so nothing overflows."""
+    return jnp.exp(jnp.where(mask, diff, -jnp.inf))
+
+
+def _last(x: jax.Array) -> jax.Array:
+    """The last element of a 1-D tile as a scalar (a masked sum: no dynamic element extraction in Triton)."""
+    idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
+    return jnp.sum(jnp.where(idx == x.shape[0] - 1, x, 0.0))
+
+
+def _unit_lower_inverse(a: jax.Array) -> jax.Array:
+    """``(I + a)^-1`` for a strictly lower-triangular float32 ``[C, C]`` tile (C a power of two).
+
+    Block doubling: with ``X`` the inverse of the diagonal ``b x b`` blocks and ``L`` the lower-left
+    ``b x b`` blocks of each ``2b x 2b`` diagonal block, the inverse of the ``2b`` blocks is
+    ``X - X L X``. Every intermediate is a block of the true inverse (no powers of ``a`` that could
+    overflow), and it needs only ``2 log2(C) - 2`` matmuls, in full float32.
+    """
+    C = a.shape[0]
+    i, j = _iota(C)
+    x = jnp.where(i == j, 1.0, 0.0) - jnp.where((i >> 1) == (j >> 1), a, 0.0)
+    level = 1
+    while (1 << level) < C:
+        off = ((i >> (level + 1)) == (j >> (level + 1))) & ((i >> level) != (j >> level))
+        lower = jnp.where(off, a, 0.0)
+        x = x - _dot(_dot(x, lower, lax.Precision.HIGHEST), x, lax.Precision.HIGHEST)
+        level += 1
+    return x
+
+
+# ----------------------------------------------------------------------------------------------------- kernels
+
+
+def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref):
+    """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
+    k = k_ref[...]
+    cd = k.dtype
+    gam = gam_ref[...]
+    b = beta_ref[...].astype(F32)
+    i, j = _iota(k.shape[0])
+    strict = i > j
+    a = _dot(k, k.T) * _masked_exp(gam[:, None] - gam[None, :], strict) * b[:, None]
+    t = _unit_lower_inverse(a)
+    t_ref[...] = t
+    tc = t.astype(cd)
+    u_ref[...] = _dot(tc, (v_ref[...].astype(F32) * b[:, None]).astype(cd)).astype(u_ref.dtype)
+    w_ref[...] = _dot(tc, (k.astype(F32) * (b * jnp.exp(gam))[:, None]).astype(cd)).astype(w_ref.dtype)
+
+
+def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
+    """Sequential over chunks for one (batch, head, V-tile): h snapshots, v_new, final state."""
+    if delta:
+        k_ref, gam_ref, w_ref, u_ref, h0_ref, h_ref, vn_ref, ht_ref = refs
+    else:
+        k_ref, gam_ref, u_ref, h0_ref, h_ref, ht_ref = refs
+    cd = k_ref.dtype
+
+    def body(c, s):
+        rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+        h_ref[c] = s.astype(h_ref.dtype)
+        k = k_ref[rows, :]
+        gam = gam_ref[rows]
+        gl = _last(gam)
+        vn = u_ref[rows, :].astype(F32)
+        if delta:
+            vn = vn - _dot(w_ref[rows, :], s.astype(cd))
+            vn_ref[rows, :] = vn.astype(vn_ref.dtype)
+        k_end = (k.astype(F32) * jnp.exp(gl - gam)[:, None]).astype(cd)
+        return jnp.exp(gl) * s + _dot(k_end.T, vn.astype(cd))
+
+    ht_ref[...] = lax.fori_loop(0, n_chunks, body, h0_ref[...].astype(F32))
+
+
+def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *, scale: float):
+    """One chunk: ``o = (scale Q exp(gamma)) h + incl_lower(scale Q K^T decay) v_new``."""
+    q = q_ref[...]
+    cd = q.dtype
+    gam = gam_ref[...]
+    i, j = _iota(q.shape[0])
+    p = _dot(q, k_ref[...].T) * _masked_exp(gam[:, None] - gam[None, :], i >= j) * scale
+    qd = (q.astype(F32) * (scale * jnp.exp(gam))[:, None]).astype(cd)
+    o = _dot(qd, h_ref[...]) + _dot(p.astype(cd), vn_ref[...])
+    o_ref[...] = o.astype(o_ref.dtype)
+
+
+def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool):
+    """Reverse sequential pass for one (batch, head, V-tile).
+
+    Per chunk (last to first), with ``ds`` the gradient of the state at the chunk's end::
+
+        d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
+    """
+    if delta:
+        q_ref, k_ref, gam_ref, w_ref, do_ref, dht_ref, dh_ref, dvn_ref, dh0_ref = refs
+    else:
+        q_ref, k_ref, gam_ref, do_ref, dht_ref, dh_ref, dvn_ref, dh0_ref = refs
+    cd = q_ref.dtype
+    i, j = _iota(chunk)
+
+    def body(step, ds):
+        c = n_chunks - 1 - step
+        rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+        dh_ref[c] = ds.astype(dh_ref.dtype)
+        q = q_ref[rows, :]
+        k = k_ref[rows, :]
+        gam = gam_ref[rows]
+        gl = _last(gam)
+        do = do_ref[rows, :]
+        p_t = _dot(k, q.T) * _masked_exp(gam[None, :] - gam[:, None], i <= j) * scale
+        k_end = (k.astype(F32) * jnp.exp(gl - gam)[:, None]).astype(cd)
+        dvn = _dot(p_t.astype(cd), do) + _dot(k_end, ds.astype(cd))
+        dvn_ref[rows, :] = dvn.astype(dvn_ref.dtype)
+        qd = (q.astype(F32) * (scale * jnp.exp(gam))[:, None]).astype(cd)
+        ds = jnp.exp(gl) * ds + _dot(qd.T, do)
+        if delta:
+            ds = ds - _dot(w_ref[rows, :].T, dvn.astype(cd))
+        return ds
+
+    dh0_ref[...] = lax.fori_loop(0, n_chunks, body, dht_ref[...].astype(F32))
+
+
+def _grad_kernel(*refs, scale: float, delta: bool):
+    """One chunk: dq, dk, d(gamma) and, with the delta rule, dv and dbeta (through the WY transform)."""
+    if delta:
+        (q_ref, k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
+         dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
+    else:
+        q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
+        dvn_ref = None
+    q = q_ref[...]
+    k = k_ref[...]
+    cd = q.dtype
+    qf, kf = q.astype(F32), k.astype(F32)
+    gam = gam_ref[...]
+    gl = _last(gam)
+    eg = jnp.exp(gam)
+    h = h_ref[...]
+    dh = dh_ref[...]
+    vn = vn_ref[...]
+    do = do_ref[...]
+    i, j = _iota(q.shape[0])
+
+    # o = (scale Q exp(gamma)) h + P v_new,  P = scale (Q K^T) * decay (inclusive lower)
+    dqd = _dot(do, h.T)
+    dq = dqd * (scale * eg)[:, None]
+    dgam = jnp.sum(dqd * qf, axis=1) * scale * eg
+    dqk = _dot(do, vn.T) * _masked_exp(gam[:, None] - gam[None, :], i >= j) * scale
+    dq = dq + _dot(dqk.astype(cd), k)
+    dk = _dot(dqk.T.astype(cd), q)
+    z = dqk * _dot(q, k.T)  # dP * P
+    dgam = dgam + jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
+
+    # h' = exp(gamma_last) h + (K exp(gamma_last - gamma))^T v_new
+    e_end = jnp.exp(gl - gam)
+    dk_end = _dot(vn, dh.T)
+    dk = dk + dk_end * e_end[:, None]
+    r = jnp.sum(dk_end * kf, axis=1) * e_end
+    dgam = dgam - r
+    dgl = jnp.sum(r) + jnp.sum(jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)) * jnp.exp(gl)
+
+    if delta:
+        # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
+        b = beta_ref[...].astype(F32)
+        dvn = dvn_ref[...]
+        tc = t_ref[...].astype(cd)
+        t_du = _dot(tc.T, dvn.astype(cd))
+        t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
+        dv_ref[...] = t_du * b[:, None]
+        kb = kf * eg[:, None]
+        x = jnp.sum(t_dw * kb, axis=1)
+        dk = dk + t_dw * (b * eg)[:, None]
+        db = jnp.sum(t_du * v_ref[...].astype(F32), axis=1) + x
+        dgam = dgam + x * b
+        # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle
+        da = -(_dot(t_du.astype(cd), u_ref[...].T) + _dot(t_dw.astype(cd), w_ref[...].T))
+        e_strict = _masked_exp(gam[:, None] - gam[None, :], i > j)
+        kk = _dot(k, k.T)
+        db = db + jnp.sum(da * kk * e_strict, axis=1)
+        dm = da * e_strict * b[:, None]
+        dk = dk + _dot(dm.astype(cd), k) + _dot(dm.T.astype(cd), k)
+        z = dm * kk  # dA * A
+        dgam = dgam + jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
+        dbeta_ref[...] = db
+
+    idx = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
+    dgam_ref[...] = jnp.where(idx == gam.shape[0] - 1, dgam + dgl, dgam)
+    dq_ref[...] = dq
+    dk_ref[...] = dk
+
+
+# ------------------------------------------------------------------------------------------------ pallas calls
+
+
+def _call(kernel, name: str, launch: Launch, st: _Static, grid, in_specs, out_specs, out_shape):
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=pltriton.CompilerParams(num_warps=launch.num_warps, num_stages=launch.num_stages),
+        interpret=st.interpret,
+        name=name,
+    )
+
+
+class _Specs:
+    """BlockSpecs over the ``[B, T, heads, D]`` layout for chunk-parallel (grid ``[B, HV, N]``) and
+    sequential (grid ``[B, HV, NV]``) kernels. q/k blocks read head ``hv // group``."""
+
+    def __init__(self, T: int, C: int, group: int, BV: int):
+        self.T, self.C, self.G, self.BV = T, C, group, BV
+
+    # chunk-parallel
+    def qk(self, D):
+        return pl.BlockSpec((None, self.C, None, D), lambda b, h, c: (b, c, h // self.G, 0))
+
+    def tok(self, D):
+        return pl.BlockSpec((None, self.C, None, D), lambda b, h, c: (b, c, h, 0))
+
+    def vec(self):
+        return pl.BlockSpec((None, self.C, None), lambda b, h, c: (b, c, h))
+
+    def snap(self, K, V):
+        return pl.BlockSpec((None, None, None, K, V), lambda b, h, c: (b, c, h, 0, 0))
+
+    # sequential over chunks, tiled over V
+    def qk_seq(self, D):
+        return pl.BlockSpec((None, self.T, None, D), lambda b, h, v: (b, 0, h // self.G, 0))
+
+    def tok_seq(self, D):
+        return pl.BlockSpec((None, self.T, None, D), lambda b, h, v: (b, 0, h, 0))
+
+    def vtile_seq(self):
+        return pl.BlockSpec((None, self.T, None, self.BV), lambda b, h, v: (b, 0, h, v))
+
+    def vec_seq(self):
+        return pl.BlockSpec((None, self.T, None), lambda b, h, v: (b, 0, h))
+
+    def state_seq(self, K):
+        return pl.BlockSpec((None, None, K, self.BV), lambda b, h, v: (b, h, 0, v))
+
+    def snaps_seq(self, N, K):
+        return pl.BlockSpec((None, N, None, K, self.BV), lambda b, h, v: (b, 0, h, 0, v))
+
+
+def _dims(st: _Static, q, v):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BV = min(st.cfg.block_v, V)
+    return B, T, H, K, HV, V, T // st.chunk, BV, _Specs(T, st.chunk, HV // H, BV)
+
+
+def _forward(st: _Static, q, k, v, gam, beta, h0):
+    """Padded inputs -> ``(o, final state, residuals)``."""
+    B, T, H, K, HV, V, N, BV, s = _dims(st, q, v)
+    cd = q.dtype
+    delta = beta is not None
+    sds = jax.ShapeDtypeStruct
+    par, seq = (B, HV, N), (B, HV, V // BV)
+    u = w = t = None
+    if delta:
+        u, w, t = _call(
+            _wy_kernel, "wy_fwd", st.cfg.wy, st, par,
+            [s.qk(K), s.tok(V), s.vec(), s.vec()],
+            [s.tok(V), s.tok(K), s.tok(st.chunk)],
+            [sds((B, T, HV, V), cd), sds((B, T, HV, K), cd), sds((B, T, HV, st.chunk), F32)],
+        )(k, v, gam, beta)
+    kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta)
+    snaps = sds((B, N, HV, K, V), cd)
+    final = sds((B, HV, K, V), F32)
+    if delta:
+        h, vn, ht = _call(
+            kernel, "state_fwd", st.cfg.state, st, seq,
+            [s.qk_seq(K), s.vec_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K)],
+            [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
+            [snaps, sds((B, T, HV, V), cd), final],
+        )(k, gam, w, u, h0)
+    else:
+        h, ht = _call(
+            kernel, "state_fwd", st.cfg.state, st, seq,
+            [s.qk_seq(K), s.vec_seq(), s.vtile_seq(), s.state_seq(K)],
+            [s.snaps_seq(N, K), s.state_seq(K)],
+            [snaps, final],
+        )(k, gam, v, h0)
+        vn = v
+    o = _call(
+        functools.partial(_output_kernel, scale=st.scale), "output_fwd", st.cfg.output, st, par,
+        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.snap(K, V)],
+        s.tok(V),
+        sds((B, T, HV, V), v.dtype),
+    )(q, k, vn, gam, h)
+    return o, ht, (q, k, v, gam, beta, u, w, t, h, vn)
+
+
+def _backward(st: _Static, res, do, dht):
+    q, k, v, gam, beta, u, w, t, h, vn = res
+    B, T, H, K, HV, V, N, BV, s = _dims(st, q, v)
+    cd = q.dtype
+    delta = beta is not None
+    sds = jax.ShapeDtypeStruct
+    par, seq = (B, HV, N), (B, HV, V // BV)
+    do = do.astype(cd)
+    kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta)
+    ins = [q, k, gam] + ([w] if delta else []) + [do, dht]
+    specs = [s.qk_seq(K), s.qk_seq(K), s.vec_seq()] + ([s.tok_seq(K)] if delta else []) + [
+        s.vtile_seq(), s.state_seq(K)]
+    dh, dvn, dh0 = _call(
+        kernel, "state_bwd", st.cfg.state_bwd, st, seq, specs,
+        [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
+        [sds((B, N, HV, K, V), cd), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32)],
+    )(*ins)
+    kernel = functools.partial(_grad_kernel, scale=st.scale, delta=delta)
+    out_specs = [s.tok(K), s.tok(K), s.vec()]
+    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds((B, T, HV), F32)]
+    if delta:
+        grads = _call(
+            kernel, "grad_bwd", st.cfg.grad, st, par,
+            [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.vec(), s.tok(V), s.tok(K), s.tok(st.chunk),
+             s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V), s.tok(V)],
+            out_specs + [s.tok(V), s.vec()],
+            out_shape + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
+        )(q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
+        dq, dk, dgam, dv, dbeta = grads
+        dbeta = dbeta.astype(beta.dtype)
+    else:
+        dq, dk, dgam = _call(
+            kernel, "grad_bwd", st.cfg.grad, st, par,
+            [s.qk(K), s.qk(K), s.vec(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
+            out_specs, out_shape,
+        )(q, k, gam, h, dh, v, do)
+        dv, dbeta = dvn, None
+    group = (B, T, H, HV // H, K)
+    dq = dq.reshape(group).sum(3).astype(q.dtype)
+    dk = dk.reshape(group).sum(3).astype(k.dtype)
+    return dq, dk, dv.astype(v.dtype), dgam, dbeta, dh0
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _chunked(st: _Static, q, k, v, gam, beta, h0):
+    o, ht, _ = _forward(st, q, k, v, gam, beta, h0)
+    return o, ht
+
+
+def _chunked_fwd(st: _Static, q, k, v, gam, beta, h0):
+    o, ht, res = _forward(st, q, k, v, gam, beta, h0)
+    return (o, ht), res
+
+
+def _chunked_bwd(st: _Static, res, cts):
+    do, dht = cts
+    return _backward(st, res, do, dht.astype(F32))
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+# ------------------------------------------------------------------------------------------------------ public
+
+
+def _pow2_at_least_16(n: int) -> int:
+    return max(16, pl.next_power_of_2(n))
+
+
+def chunk_recurrence(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array | None,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    use_qk_l2norm: bool = False,
+    chunk_size: int = 64,
+    interpret: bool = False,
+    config: RecurrentConfig | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Chunked GDN (``beta`` given) or scalar-gated linear attention (``beta=None``) with Pallas kernels.
+
+    Args:
+      q, k: ``[B,T,H,K]``; v: ``[B,T,HV,V]`` (HV a multiple of H); g: ``[B,T,HV]`` log decay;
+      beta: ``[B,T,HV]`` or ``None``; initial_state: ``[B,HV,K,V]`` or ``None`` (zeros).
+      chunk_size: a power of two >= 16. interpret: run the kernels in Pallas interpret mode (CPU).
+      config: launch parameters (default: ``tuning.recurrent_config()`` for the current device).
+
+    Returns ``(o [B,T,HV,V] in v's dtype, final_state [B,HV,K,V] float32)``, the same function as
+    :func:`hybrid_jax.kernels.reference.naive_recurrence`, differentiable in every array argument.
+    """
+    if g.ndim != 3:
+        raise NotImplementedError("chunk_recurrence: only the scalar gate [B,T,HV] is implemented in Pallas")
+    C = chunk_size
+    if C < 16 or C & (C - 1):
+        raise ValueError(f"chunk_size must be a power of two >= 16, got {C}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K**-0.5 if scale is None else scale
+    if use_qk_l2norm:
+        q, k = reference.l2_normalize(q).astype(q.dtype), reference.l2_normalize(k).astype(k.dtype)
+    out_dtype = v.dtype
+    cd = jnp.promote_types(q.dtype, v.dtype)
+    q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
+    Tp, Kp, Vp = -(-T // C) * C, _pow2_at_least_16(K), _pow2_at_least_16(V)
+
+    def pad(x, *widths):
+        return jnp.pad(x, [(0, 0)] + [(0, w) for w in widths]) if any(widths) else x
+
+    q, k = pad(q, Tp - T, 0, Kp - K), pad(k, Tp - T, 0, Kp - K)
+    v = pad(v, Tp - T, 0, Vp - V)
+    gam = jnp.cumsum(pad(g.astype(F32), Tp - T, 0).reshape(B, Tp // C, C, HV), axis=2).reshape(B, Tp, HV)
+    beta = None if beta is None else pad(beta, Tp - T, 0)
+    h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
+    h0 = pad(h0, 0, Kp - K, Vp - V)
+    st = _Static(float(scale), C, config or recurrent_config(), interpret)
+    o, ht = _chunked(st, q, k, v, gam, beta, h0)
+    return o[:, :T, :, :V].astype(out_dtype), ht[:, :, :K, :V]

@@ -1,0 +1,151 @@
+"""Block sizes, warps and stages for the Pallas (Triton-lowered) kernels, keyed by GPU architecture.
+
+Architectures: ``sm90`` (H100/H200, 227 KiB shared memory per block), ``gfx942`` (MI300X, 64 KiB LDS,
+wave64), ``gfx950`` (MI355X, 160 KiB LDS, wave64) and ``fallback`` (conservative, any GPU).
+``benchmarks/autotune.py`` sweeps candidates on a GPU and prints an entry for this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Triton launch parameters of one kernel."""
+
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentConfig:
+    """Launch parameters of the chunked recurrent kernels (``kernels/chunk_pallas.py``).
+
+    ``block_v`` tiles the value dim of the sequential state kernels (one program per (batch, head, V-tile)
+    carries a ``[K, block_v]`` float32 state); it is clipped to V.
+    """
+
+    block_v: int = 32
+    wy: Launch = Launch()  # intra-chunk WY transform: A = KK^T decay, (I + A)^-1, w, u
+    state: Launch = Launch()  # sequential inter-chunk state pass (forward)
+    output: Launch = Launch()  # parallel output pass
+    state_bwd: Launch = Launch()  # sequential reverse pass for dh and d(v_new)
+    grad: Launch = Launch()  # parallel gradient pass (dq, dk, dv, dbeta, dg)
+
+
+RECURRENT: dict[str, RecurrentConfig] = {
+    "sm90": RecurrentConfig(
+        block_v=64,
+        wy=Launch(4, 2),
+        state=Launch(4, 2),
+        output=Launch(4, 2),
+        state_bwd=Launch(4, 2),
+        grad=Launch(8, 1),
+    ),
+    # 64 KiB LDS: keep state tiles small and a single stage.
+    "gfx942": RecurrentConfig(
+        block_v=32,
+        wy=Launch(4, 1),
+        state=Launch(4, 1),
+        output=Launch(4, 1),
+        state_bwd=Launch(4, 1),
+        grad=Launch(8, 1),
+    ),
+    "gfx950": RecurrentConfig(
+        block_v=64,
+        wy=Launch(4, 1),
+        state=Launch(4, 1),
+        output=Launch(4, 1),
+        state_bwd=Launch(4, 1),
+        grad=Launch(8, 1),
+    ),
+    "fallback": RecurrentConfig(),
+}
+
+
+def arch_of(device_kind: str, platform: str) -> str:
+    """Map a device kind (``jax.devices()[0].device_kind``) and platform to a table key."""
+    kind = device_kind.lower()
+    if platform == "rocm" or kind.startswith("gfx") or "instinct" in kind:
+        if "gfx950" in kind or "mi35" in kind:
+            return "gfx950"
+        if "gfx942" in kind or "mi30" in kind:
+            return "gfx942"
+        return "fallback"
+    if any(name in kind for name in ("h100", "h200", "h800", "gh200")):
+        return "sm90"
+    return "fallback"
+
+
+def current_arch() -> str:
+    """The table key of the default device (``fallback`` on CPU)."""
+    dev = jax.devices()[0]
+    return arch_of(dev.device_kind, dev.platform)
+
+
+def recurrent_config(arch: str | None = None) -> RecurrentConfig:
+    """The recurrent-kernel config for ``arch`` (default: the current device)."""
+    return RECURRENT.get(current_arch() if arch is None else arch, RECURRENT["fallback"])
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionKernel:
+    """Tiles of one flash-attention kernel: ``block_q`` query rows x ``block_k`` key rows (powers of two)."""
+
+    block_q: int = 64
+    block_k: int = 64
+    launch: Launch = Launch()
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """``kernels/flash_attention.py``: forward, dK/dV (loops over queries) and dQ (loops over keys) kernels."""
+
+    fwd: AttentionKernel = AttentionKernel()
+    dkdv: AttentionKernel = AttentionKernel()
+    dq: AttentionKernel = AttentionKernel()
+
+
+# Keyed by (arch, padded head dim 64 or 128), bf16 inputs; a float32 input halves block_k (see flash_attention.py).
+ATTENTION: dict[tuple[str, int], AttentionConfig] = {
+    ("sm90", 64): AttentionConfig(
+        fwd=AttentionKernel(128, 64, Launch(4, 3)),
+        dkdv=AttentionKernel(64, 128, Launch(8, 2)),
+        dq=AttentionKernel(128, 64, Launch(8, 2)),
+    ),
+    ("sm90", 128): AttentionConfig(
+        fwd=AttentionKernel(128, 64, Launch(8, 3)),
+        dkdv=AttentionKernel(64, 128, Launch(8, 2)),
+        dq=AttentionKernel(128, 64, Launch(8, 2)),
+    ),
+    # 64 KiB LDS, single stage: 64-row key tiles (ROCm/jax#147).
+    ("gfx942", 64): AttentionConfig(
+        fwd=AttentionKernel(128, 64, Launch(4, 1)),
+        dkdv=AttentionKernel(64, 64, Launch(4, 1)),
+        dq=AttentionKernel(64, 64, Launch(4, 1)),
+    ),
+    ("gfx942", 128): AttentionConfig(
+        fwd=AttentionKernel(64, 64, Launch(4, 1)),
+        dkdv=AttentionKernel(32, 64, Launch(4, 1)),
+        dq=AttentionKernel(64, 32, Launch(4, 1)),
+    ),
+    ("gfx950", 64): AttentionConfig(
+        fwd=AttentionKernel(128, 64, Launch(4, 1)),
+        dkdv=AttentionKernel(64, 64, Launch(4, 1)),
+        dq=AttentionKernel(64, 64, Launch(4, 1)),
+    ),
+    ("gfx950", 128): AttentionConfig(
+        fwd=AttentionKernel(128, 64, Launch(8, 1)),
+        dkdv=AttentionKernel(64, 64, Launch(8, 1)),
+        dq=AttentionKernel(64, 64, Launch(8, 1)),
+    ),
+}
+
+
+def attention_config(arch: str | None = None, head_dim: int = 128) -> AttentionConfig:
+    """The flash-attention config for ``arch`` (default: the current device) and a padded head dim."""
+    key = (current_arch() if arch is None else arch, 64 if head_dim <= 64 else 128)
+    return ATTENTION.get(key, AttentionConfig()) if head_dim <= 128 else AttentionConfig()

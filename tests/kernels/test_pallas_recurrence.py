@@ -1,0 +1,137 @@
+"""Pallas chunked GDN / GLA kernels (interpret mode on CPU) against the naive recurrence and the XLA form."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.kernels import api, reference
+from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
+
+ARGS = ("q", "k", "v", "g", "beta", "h0")
+
+
+def rel_rms(x, ref) -> float:
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def make_inputs(seed, *, B=2, T=37, H=1, HV=2, K=16, V=32, dtype=jnp.float32, delta=True, init=True, g_min=None):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
+    q = jax.random.normal(ks[0], (B, T, H, K)).astype(dtype)
+    k = jax.random.normal(ks[1], (B, T, H, K)).astype(dtype)
+    v = jax.random.normal(ks[2], (B, T, HV, V)).astype(dtype)
+    if g_min is None:
+        g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, HV)) + 2.0)
+    else:  # strongly negative gates, down to g_min per step
+        g = jax.random.uniform(ks[3], (B, T, HV), minval=g_min, maxval=0.0).at[:, ::3].set(g_min)
+    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, HV))).astype(dtype) if delta else None
+    h0 = jax.random.normal(ks[5], (B, HV, K, V)) if init else None
+    w_o = jax.random.normal(ks[6], (B, T, HV, V))
+    w_h = jax.random.normal(ks[7], (B, HV, K, V))
+    return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0), (w_o, w_h)
+
+
+def value_and_grads(fn, inputs, weights, *, final_state: bool):
+    """Loss = <o, w_o> (+ <final, w_h>); returns (o, final, {name: grad}) for every non-None input."""
+    names = [n for n in ARGS if inputs[n] is not None]
+    w_o, w_h = weights
+
+    def loss(*xs):
+        kw = dict(inputs, **dict(zip(names, xs, strict=True)))
+        o, ht = fn(kw["q"], kw["k"], kw["v"], kw["g"], kw["beta"], initial_state=kw["h0"])
+        val = jnp.sum(o.astype(jnp.float32) * w_o)
+        if final_state:
+            val = val + jnp.sum(ht * w_h)
+        return val, (o, ht)
+
+    (_, (o, ht)), grads = jax.value_and_grad(loss, argnums=tuple(range(len(names))), has_aux=True)(
+        *[inputs[n] for n in names]
+    )
+    return o, ht, dict(zip(names, grads, strict=True))
+
+
+def pallas(chunk):
+    return lambda q, k, v, g, beta, **kw: chunk_recurrence(
+        q, k, v, g, beta, use_qk_l2norm=True, chunk_size=chunk, interpret=True, **kw
+    )
+
+
+def naive(q, k, v, g, beta, **kw):
+    return reference.naive_recurrence(*(x if x is None else x.astype(jnp.float32) for x in (q, k, v, g, beta)),
+                                      use_qk_l2norm=True, **kw)
+
+
+def xla(chunk):
+    return lambda q, k, v, g, beta, **kw: reference.chunked_recurrence(
+        q, k, v, g, beta, use_qk_l2norm=True, chunk_size=chunk, **kw
+    )
+
+
+def check(inputs, weights, *, chunk, final_state, fwd_tol, grad_tol, against_xla=True):
+    o, ht, grads = value_and_grads(pallas(chunk), inputs, weights, final_state=final_state)
+    refs = [naive] + ([xla(chunk)] if against_xla else [])
+    for ref_fn in refs:
+        o_r, ht_r, grads_r = value_and_grads(ref_fn, inputs, weights, final_state=final_state)
+        assert o.dtype == inputs["v"].dtype and o.shape == o_r.shape
+        assert rel_rms(o, o_r) <= fwd_tol
+        if final_state:
+            assert rel_rms(ht, ht_r) <= fwd_tol
+        assert set(grads) == set(grads_r)
+        for name, grad in grads.items():
+            assert grad.shape == inputs[name].shape and grad.dtype == inputs[name].dtype, name
+            assert np.all(np.isfinite(np.asarray(grad, np.float32))), name
+            assert rel_rms(grad, grads_r[name]) <= grad_tol, (name, rel_rms(grad, grads_r[name]))
+
+
+@pytest.mark.parametrize("delta", [True, False], ids=["gdn", "gla"])
+def test_float32_ragged_grouped_with_states(delta):
+    inputs, weights = make_inputs(0, T=37, delta=delta)
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+@pytest.mark.parametrize("delta", [True, False], ids=["gdn", "gla"])
+def test_float32_shorter_than_chunk_no_states(delta):
+    inputs, weights = make_inputs(1, B=1, T=11, H=2, HV=2, delta=delta, init=False)
+    check(inputs, weights, chunk=16, final_state=False, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+def test_float32_chunk32_wide_keys():
+    """Chunk 32 (three levels of the block-doubling inverse), K > V, T a multiple of the chunk."""
+    inputs, weights = make_inputs(2, B=1, T=64, H=1, HV=2, K=32, V=16)
+    check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+@pytest.mark.parametrize("delta", [True, False], ids=["gdn", "gla"])
+def test_bfloat16(delta):
+    inputs, weights = make_inputs(3, T=37, dtype=jnp.bfloat16, delta=delta)
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=5e-3, grad_tol=2e-2, against_xla=False)
+
+
+@pytest.mark.parametrize("delta", [True, False], ids=["gdn", "gla"])
+def test_strongly_negative_gates(delta):
+    inputs, weights = make_inputs(4, T=40, delta=delta, g_min=-20.0)
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+def test_api_dispatch():
+    inputs, _ = make_inputs(5, B=1, T=20)
+    q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
+    o, ht = api.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                       use_qk_l2norm=True, chunk_size=16, impl="pallas_interpret")
+    o_x, ht_x = api.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                           use_qk_l2norm=True, chunk_size=16, impl="xla")
+    assert rel_rms(o, o_x) <= 1e-4 and rel_rms(ht, ht_x) <= 1e-4
+    o, ht = api.chunk_simple_gla(q, k, v, g, chunk_size=16, impl="pallas_interpret")
+    o_x, _ = api.chunk_simple_gla(q, k, v, g, chunk_size=16, impl="xla")
+    assert ht is None and rel_rms(o, o_x) <= 1e-4
+    with pytest.raises(NotImplementedError):  # per-key gate (KDA) has no Pallas kernel yet
+        api.chunk_kda(q, k, v, jnp.repeat(g[..., None], q.shape[-1], -1), beta, impl="pallas_interpret")
+
+
+def test_rejects_bad_chunk_size():
+    inputs, _ = make_inputs(6, B=1, T=8)
+    with pytest.raises(ValueError, match="power of two"):
+        chunk_recurrence(*(inputs[n] for n in ARGS[:5]), chunk_size=24, interpret=True)
