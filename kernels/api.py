@@ -6,7 +6,7 @@ from typing import Literal
 
 import jax
 
-from hybrid_jax.kernels import reference
+from hybrid_jax.kernels import chunk_pallas, reference
 
 Impl = Literal["auto", "xla", "pallas", "pallas_interpret", "naive"]
 _IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
@@ -38,8 +38,14 @@ def _check_shapes(op: str, q, k, v, g, beta, per_key_gate: bool) -> None:
 
 def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm,
                 chunk_size, impl):
-    impl = _resolve(impl, op, ("xla", "naive"))
-    if impl == "naive":
+    pallas = ("pallas", "pallas_interpret") if g.ndim == 3 else ()  # per-key gate (KDA): not yet in Pallas
+    impl = _resolve(impl, op, ("xla", "naive") + pallas)
+    if impl in ("pallas", "pallas_interpret"):
+        o, final = chunk_pallas.chunk_recurrence(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
+            chunk_size=chunk_size, interpret=impl == "pallas_interpret",
+        )
+    elif impl == "naive":
         o, final = reference.naive_recurrence(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm
         )
