@@ -1,0 +1,78 @@
+"""Lower the Pallas kernels to Triton for ROCm (gfx942, gfx950) and CUDA (H200) on a CPU-only machine.
+
+A kernel that the Triton lowering rejects (a non-power-of-two block, a 3-D dot, a reverse cumsum, ...)
+fails here instead of on the GPU. Shared-memory overflow is not caught: it shows only when compiled on
+the device. To add a kernel, append a :class:`Case` to ``CASES``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
+from hybrid_jax.kernels.tuning import recurrent_config
+
+TRITON_CALL = "__gpu$xla.gpu.triton"
+TARGETS = [("NVIDIA H200", "cuda", "sm90"), ("gfx942", "rocm", "gfx942"), ("gfx950", "rocm", "gfx950")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """``make(arch)`` returns the function to lower; ``args`` are its ``ShapeDtypeStruct`` arguments;
+    the lowered text must hold at least ``triton_calls`` Triton custom calls."""
+
+    name: str
+    make: Callable[[str], Callable]
+    args: tuple[jax.ShapeDtypeStruct, ...]
+    triton_calls: int
+
+
+def _sds(*shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _recurrence_case(name: str, delta: bool, backward: bool) -> Case:
+    """GDN (delta) or GLA at a 300M-like shape: 2 q/k heads, 4 value heads, K=V=64, T ragged (200)."""
+    B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
+    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(B, T, HV, dtype=jnp.float32),
+            _sds(B, T, HV), _sds(B, HV, K, V, dtype=jnp.float32))
+
+    def make(arch: str) -> Callable:
+        def f(q, k, v, g, beta, h0):
+            return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
+                                    config=recurrent_config(arch))
+
+        if not backward:
+            return f
+
+        def fwd_bwd(*xs):
+            out, vjp = jax.vjp(f, *xs)
+            return vjp(out)
+
+        return fwd_bwd
+
+    kernels = (3 if delta else 2) + (2 if backward else 0)
+    return Case(name, make, args, kernels)
+
+
+CASES = [
+    _recurrence_case("gdn_fwd", delta=True, backward=False),
+    _recurrence_case("gdn_fwd_bwd", delta=True, backward=True),
+    _recurrence_case("gla_fwd", delta=False, backward=False),
+    _recurrence_case("gla_fwd_bwd", delta=False, backward=True),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t[2] for t in TARGETS])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_lowers_to_triton(case: Case, target):
+    kind, platform, arch = target
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(kind, 1, platform))
+    with jax.sharding.use_abstract_mesh(mesh):
+        text = jax.jit(case.make(arch)).trace(*case.args).lower(lowering_platforms=(platform,)).as_text()
+    assert text.count(TRITON_CALL) >= case.triton_calls
