@@ -1,6 +1,8 @@
 """The tokens pipeline: windows rebuild the stream, an epoch is a permutation, processes are disjoint, resume."""
 
+import grain
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from hybrid_jax.data import make_train_iterator
@@ -61,7 +63,7 @@ def test_an_epoch_is_a_seeded_permutation_split_disjointly_over_processes(datase
     assert later_epoch != seen  # a new permutation each epoch
 
 
-def test_resume_after_n_batches_gives_the_next_batch(dataset):
+def test_resume_after_n_batches_gives_the_next_batch(dataset, tmp_path):
     cfg = _config(dataset)
     straight = make_train_iterator(cfg)
     expected = [next(straight) for _ in range(6)]
@@ -71,6 +73,13 @@ def test_resume_after_n_batches_gives_the_next_batch(dataset):
     resumed = make_train_iterator(cfg)
     resumed.set_state(first.get_state())
     np.testing.assert_array_equal(next(resumed), expected[5])
+    # The same through an Orbax checkpoint, as the trainer stores it.
+    manager = ocp.CheckpointManager(tmp_path)
+    manager.save(6, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(resumed)))
+    manager.wait_until_finished()
+    restored = make_train_iterator(cfg)
+    manager.restore(6, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored)))
+    np.testing.assert_array_equal(next(restored), next(straight))
 
 
 def test_vocab_size_is_checked_against_the_manifest(dataset):
