@@ -1,9 +1,12 @@
 """Synthetic, learnable token sequences: a fixed random Markov chain over the vocabulary.
 
-Every token has ``BRANCHING`` likely successors, drawn once from the run's seed, taken with the fixed
-probabilities ``SUCCESSOR_PROBS``. The best achievable cross-entropy is the entropy of those probabilities
-(:data:`ENTROPY_FLOOR`, about 1.21 nats) while a model that has learned nothing sits at ``log(vocab_size)``,
-so the loss of even a tiny model falls visibly within a couple of hundred steps.
+The vocabulary is put on one random cycle (a permutation drawn from the run's seed). From a token the chain
+moves 1, 2, ... ``BRANCHING`` places along the cycle with the fixed probabilities ``SUCCESSOR_PROBS``, so
+every token has ``BRANCHING`` distinct, arbitrary-looking likely successors. The best achievable
+cross-entropy is the entropy of those probabilities (:data:`ENTROPY_FLOOR`, about 1.21 nats) while a model
+that has learned nothing sits at ``log(vocab_size)``, so the loss of even a tiny model falls visibly within a
+couple of hundred steps. Positions on the cycle are a cumulative sum of the moves, so a sequence is built
+with a few vectorized numpy calls (no per-token Python loop).
 
 Sequence ``i`` is a pure function of ``(seed, i)``: the stream needs no storage, any element can be
 produced on its own (Grain random access, worker processes, exact resume), and two runs with the same seed
@@ -27,31 +30,26 @@ class MarkovSequences:
     Args:
       vocab_size: number of token ids; the chain's states.
       length: tokens per sequence (``seq_len + 1`` for training windows).
-      seed: fixes the transition table and, together with the index, every sequence.
+      seed: fixes the cycle and, together with the index, every sequence.
     """
 
     def __init__(self, vocab_size: int, length: int, seed: int):
-        if vocab_size < BRANCHING:
-            raise ValueError(f"mock data needs vocab_size >= {BRANCHING}, got {vocab_size}")
+        if vocab_size <= BRANCHING:
+            raise ValueError(f"mock data needs vocab_size > {BRANCHING}, got {vocab_size}")
         self.vocab_size, self.length, self.seed = vocab_size, length, seed
-        rng = np.random.default_rng([seed, 0x5EED])
-        # successors[v]: the BRANCHING distinct likely next tokens after v, most likely first.
-        successors = np.stack([rng.choice(vocab_size, BRANCHING, replace=False) for _ in range(vocab_size)])
-        self._successors = successors.tolist()  # Python lists: the per-token walk below is scalar indexing
+        self._cycle = np.random.default_rng([seed, 0x5EED]).permutation(vocab_size).astype(np.int32)
         self._cum_probs = np.cumsum(SUCCESSOR_PROBS)
 
     @property
     def successors(self) -> np.ndarray:
-        """``[vocab_size, BRANCHING]`` int: the transition table (row v: successors of token v)."""
-        return np.asarray(self._successors)
+        """``[vocab_size, BRANCHING]`` int: row v holds the successors of token v, most likely first."""
+        position = np.argsort(self._cycle)  # position[v]: where token v sits on the cycle
+        return self._cycle[(position[:, None] + np.arange(1, BRANCHING + 1)) % self.vocab_size]
 
     def __call__(self, index: int) -> np.ndarray:
         """Sequence number ``index`` (any non-negative int) -> ``[length]`` int32."""
         rng = np.random.default_rng([self.seed, int(index)])
-        token = int(rng.integers(self.vocab_size))
-        branches = np.searchsorted(self._cum_probs, rng.random(self.length - 1), side="right").tolist()
-        out = [token]
-        for b in branches:
-            token = self._successors[token][b]
-            out.append(token)
-        return np.asarray(out, dtype=np.int32)
+        moves = np.empty(self.length, dtype=np.int64)
+        moves[0] = rng.integers(self.vocab_size)  # the starting position
+        moves[1:] = 1 + np.searchsorted(self._cum_probs, rng.random(self.length - 1), side="right")
+        return self._cycle[np.cumsum(moves) % self.vocab_size]

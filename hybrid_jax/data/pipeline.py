@@ -3,9 +3,10 @@
 One global stream of ``seq_len + 1`` token sequences, numbered 0, 1, 2, ...:
 
 * ``data.source="mock"``: sequence ``i`` is the Markov-chain sequence ``i`` (:mod:`hybrid_jax.data.mock`).
-* ``data.source="tokens"``: the prepared documents joined end to end (each already ends in EOS) and cut into
-  windows of ``seq_len + 1`` (the FLA/Primus recipe: no padding, windows cross document boundaries),
-  shuffled with ``train.seed`` (a fresh permutation every epoch), repeated forever.
+* ``data.source="tokens"``: the prepared documents of ``data.path`` joined end to end (each already ends in
+  EOS) and cut into windows of ``seq_len + 1`` (the FLA/Primus recipe: no padding, windows cross document
+  boundaries), shuffled with ``train.seed`` (a fresh permutation every epoch), repeated forever. The
+  manifest's tokenizer must fit ``model.vocab_size`` and, when ``data.tokenizer`` is set, be that file.
 
 Process ``p`` of ``n`` takes sequences ``p, p + n, p + 2n, ...`` and batches them ``global_batch_size / n``
 at a time, so global batch ``k`` is sequences ``[k * global_batch_size, (k + 1) * global_batch_size)`` split
@@ -24,7 +25,7 @@ from ml_collections import ConfigDict
 
 from hybrid_jax.data.mock import MarkovSequences
 from hybrid_jax.data.shards import TokenWindows, read_manifest
-from hybrid_jax.data.tokenizer import check_vocab
+from hybrid_jax.data.tokenizer import check_vocab, file_sha256
 
 _PREFETCH_BATCHES = 2  # batches read ahead per process (and per worker): each is global_batch/n x seq_len ints
 
@@ -42,6 +43,11 @@ def sequences(config: ConfigDict) -> grain.MapDataset:
             raise ValueError("data.source='tokens' needs data.path: the --output directory of hybrid_jax.prepare")
         manifest = read_manifest(config.data.path)
         check_vocab(config.model.vocab_size, manifest["vocab_size"], what=f"the tokenizer of {config.data.path}")
+        if config.data.tokenizer and file_sha256(config.data.tokenizer) != manifest["tokenizer"]["sha256"]:
+            raise ValueError(
+                f"data.tokenizer={config.data.tokenizer} is not the tokenizer {config.data.path} was prepared with "
+                f"({manifest['tokenizer']['path']}, sha256 {manifest['tokenizer']['sha256'][:12]}...)"
+            )
         windows = grain.MapDataset.source(TokenWindows(str(config.data.path), length))
         return windows.shuffle(seed=config.train.seed % 2**32).repeat()
     raise ValueError(f"unknown data.source {source!r}: expected 'mock' or 'tokens'")

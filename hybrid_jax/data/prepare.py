@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import hashlib
 import itertools
 import json
 import multiprocessing
@@ -33,7 +32,7 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hybrid_jax.data.shards import FORMAT, MANIFEST, OFFSET_DTYPE, TOKEN_DTYPE, shard_name
-from hybrid_jax.data.tokenizer import Tokenizer, detect_kind, load_tokenizer, resolve_path
+from hybrid_jax.data.tokenizer import Tokenizer, detect_kind, file_sha256, load_tokenizer, resolve_path
 
 DOCS_PER_TASK = 64  # documents sent to a worker at a time
 _FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
@@ -182,11 +181,6 @@ class _ShardWriter:
             self._files = None
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _claim_output(out: Path, force: bool) -> None:
     """Create ``out``; refuse a non-empty one unless ``force``, then delete this format's files (manifest first)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -259,7 +253,7 @@ def prepare(
         num_documents=num_docs,
         num_tokens=num_tokens,
         dtype=TOKEN_DTYPE.name,
-        tokenizer=dict(path=str(tokenizer_file), sha256=_sha256(tokenizer_file), kind=detect_kind(tokenizer_file)),
+        tokenizer=dict(path=str(tokenizer_file), sha256=file_sha256(tokenizer_file), kind=detect_kind(tokenizer_file)),
         vocab_size=tokenizer.vocab_size,
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,

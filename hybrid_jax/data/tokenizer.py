@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Protocol
@@ -145,6 +146,12 @@ def resolve_path(path: str | Path) -> Path:
     if not p.is_file():
         raise FileNotFoundError(f"tokenizer file {str(path)!r} not found: {_WHAT_TO_PASS}")
     return p
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 hex digest of the tokenizer file at ``path`` (file or directory, as :func:`resolve_path`)."""
+    with open(resolve_path(path), "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def detect_kind(path: Path) -> str:

@@ -82,6 +82,10 @@ def test_resume_after_n_batches_gives_the_next_batch(dataset, tmp_path):
     np.testing.assert_array_equal(next(restored), next(straight))
 
 
-def test_vocab_size_is_checked_against_the_manifest(dataset):
+def test_vocab_size_and_tokenizer_are_checked_against_the_manifest(dataset, tmp_path):
     with pytest.raises(ValueError, match="model.vocab_size=256 is smaller than the 300 ids"):
         make_train_iterator(_config(dataset, **{"model.vocab_size": 256}))
+    next(make_train_iterator(_config(dataset, **{"data.tokenizer": str(dataset.parent / "tokenizer.json")})))
+    other = tiny_hf_tokenizer(tmp_path, sample_documents(20, seed=5))
+    with pytest.raises(ValueError, match="is not the tokenizer"):
+        make_train_iterator(_config(dataset, **{"data.tokenizer": str(other)}))
