@@ -1,0 +1,105 @@
+"""The jitted train step: data parallel (8 host devices), ZeRO-1 and accumulation equal one device; NaN skipping."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax.model import HybridLM
+from hybrid_jax.train import mesh as mesh_lib
+from hybrid_jax.train.loop import TooManySkippedSteps, _check_skipped
+from hybrid_jax.train.metrics import MetricsLogger
+from hybrid_jax.train.optim import make_optimizer
+from hybrid_jax.train.step import init_state, make_train_step
+from hybrid_jax.train.validate import validate
+from tests.train.common import tiny_config
+
+
+def _setup(n_devices: int, *, zero1: bool = False, micro: int = 2):
+    # eps 1e-4: Adam divides each gradient by its own magnitude, so a gradient component that is ~0 would become
+    # +-lr on either side of a rounding-level difference; a larger eps keeps the comparison about the step itself.
+    config = tiny_config(micro_batch_size=micro, zero1=zero1, warmup_steps=0, eps=1e-4)
+    config.model.pattern = "*-G-"
+    mesh = mesh_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:n_devices])
+    accum = validate(config, mesh_lib.batch_shards(mesh))
+    tx = make_optimizer(config.train)
+    graphdef, state, shardings = init_state(
+        lambda: HybridLM(config.model, rngs=nnx.Rngs(0)), tx, mesh, zero1=zero1, seed=0
+    )
+    step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=accum)
+    return config, mesh, state, step, accum
+
+
+def _batches(config, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    shape = (config.train.global_batch_size, config.train.seq_len + 1)
+    return [rng.integers(0, config.model.vocab_size, shape, dtype=np.int32) for _ in range(n)]
+
+
+_RUNS: dict = {}
+
+
+def _run(n_devices: int, *, zero1: bool = False, micro: int = 2):
+    """Two steps on fixed batches; returns ``(config, mesh, state, step, losses, accum)`` (cached per setting)."""
+    key = (n_devices, zero1, micro)
+    if key not in _RUNS:
+        config, mesh, state, step, accum = _setup(n_devices, zero1=zero1, micro=micro)
+        losses = []
+        for batch in _batches(config, 2):
+            state, metrics = step(state, jax.device_put(batch, mesh_lib.batch_sharding(mesh)))
+            losses.append(float(metrics["loss"]))
+        _RUNS[key] = config, mesh, state, step, losses, accum
+    return _RUNS[key]
+
+
+@pytest.mark.parametrize("zero1,micro,want_accum", [(False, 2, 1), (True, 2, 1), (True, 1, 2)])
+def test_data_parallel_step_equals_single_device(zero1, micro, want_accum):
+    _, _, ref_state, _, ref_losses, ref_accum = _run(1, micro=16)
+    assert ref_accum == 1
+    ref_params = jax.device_get(ref_state["params"])
+    _, _, state, _, losses, accum = _run(8, zero1=zero1, micro=micro)
+    assert accum == want_accum
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+    flat_ref = jax.tree_util.tree_leaves_with_path(ref_params)
+    for (path, want), got in zip(flat_ref, jax.tree.leaves(jax.device_get(state["params"])), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
+    # parameters replicated; with ZeRO-1 the Adam moments are split over the 8 data shards
+    for p in jax.tree.leaves(state["params"]):
+        assert p.sharding.is_fully_replicated
+    mu = state["opt_state"][1][0].mu
+    big = [x for x in jax.tree.leaves(mu) if x.size >= 1024]
+    assert big
+    for x in big:
+        if zero1:
+            assert "data" in str(x.sharding.spec), x.sharding
+            assert x.addressable_shards[0].data.size == x.size // 8
+        else:
+            assert x.sharding.is_fully_replicated
+
+
+def test_non_finite_batch_is_skipped_bit_identically():
+    config, mesh, state, step, _, _ = _run(8, zero1=True)
+    del _RUNS[(8, True, 2)]  # its state is donated below
+    good, bad = _batches(config, 2)
+    bad[3, 5] = config.model.vocab_size  # an out-of-range token id: its embedding lookup is NaN
+    put = lambda b: jax.device_put(b, mesh_lib.batch_sharding(mesh))
+    before = jax.device_get(dict(params=state["params"], opt_state=state["opt_state"]))
+    state, metrics = step(state, put(bad))
+    assert not bool(metrics["finite"]) and not np.isfinite(float(metrics["loss"]))
+    assert int(metrics["skipped"]) == 1 and int(metrics["skipped_in_a_row"]) == 1
+    after = jax.device_get(dict(params=state["params"], opt_state=state["opt_state"]))
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert int(state["step"]) == 3
+    state, metrics = step(state, put(good))
+    assert bool(metrics["finite"]) and int(metrics["skipped"]) == 1 and int(metrics["skipped_in_a_row"]) == 0
+
+
+def test_run_stops_after_too_many_skips_in_a_row(tmp_path):
+    logger = MetricsLogger(tmp_path, flops_per_token=1.0, tokens_per_step=1, total_steps=10)
+    bad = lambda n: dict(finite=np.bool_(False), skipped_in_a_row=np.int32(n), skipped=np.int32(n))
+    _check_skipped(4, bad(2), 3, logger)  # below the limit: a warning only
+    with pytest.raises(TooManySkippedSteps, match="3 steps in a row.*max_skipped_in_a_row=3"):
+        _check_skipped(5, bad(3), 3, logger)
+    logger.close()
