@@ -105,6 +105,16 @@ def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, scale: float | None = None,
     impl: Impl = "auto",
 ) -> jax.Array:
-    """Softmax attention. ``q, k: [B,T,H,Dqk]``; ``v: [B,T,H,Dv]`` -> ``[B,T,H,Dv]``; scale ``Dqk**-0.5``."""
-    impl = _resolve(impl, "attention", ("xla", "naive"))
+    """Softmax attention. ``q, k: [B,T,H,Dqk]``; ``v: [B,T,H,Dv]`` -> ``[B,T,H,Dv]``; scale ``Dqk**-0.5``.
+
+    ``impl="auto"``: cuDNN on NVIDIA where it runs the shape, the Pallas flash kernel on other GPUs, XLA on
+    CPU (``kernels/flash_attention.py::auto_impl``). ``"xla"`` and ``"naive"`` are the plain float32 softmax.
+    """
+    from hybrid_jax.kernels.flash_attention import auto_impl, cudnn_attention, flash_attention
+
+    if impl == "auto" and (impl := auto_impl(q, v)) == "cudnn":
+        return cudnn_attention(q, k, v, causal=causal, scale=scale)
+    impl = _resolve(impl, "attention", ("xla", "naive", "pallas", "pallas_interpret"))
+    if impl in ("pallas", "pallas_interpret"):
+        return flash_attention(q, k, v, causal=causal, scale=scale, interpret=impl == "pallas_interpret")
     return reference.naive_attention(q, k, v, causal=causal, scale=scale)
