@@ -130,18 +130,26 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _scores(q: jax.Array, k: jax.Array, q_start, k_start, *, scale: float, masked: bool, causal: bool,
-            seq_len: int) -> jax.Array:
-    """``S = q k^T * scale * log2(e)`` as float32 ``[bq, bk]``; on masked blocks, causal and key-range masks."""
-    s = _dot(q, k.T) * (scale * LOG2E)
+def _scores(a: jax.Array, b: jax.Array, q_pos: jax.Array, k_pos: jax.Array, *, scale: float, masked: bool,
+            causal: bool, seq_len: int) -> jax.Array:
+    """``a b^T * scale * log2(e)`` in float32: ``S`` for ``(a, b) = (q, k)``, ``S^T`` for ``(k, q)``.
+
+    ``q_pos``, ``k_pos``: query and key positions shaped to broadcast against the result (``[n,1]``, ``[1,m]``
+    or transposed). Masked blocks get the causal mask and, for a ragged tail, the key-range mask.
+    """
+    s = _dot(a, b.T) * (scale * LOG2E)
     if not masked:
         return s
-    rows = q_start + jnp.arange(q.shape[0])[:, None]
-    cols = k_start + jnp.arange(k.shape[0])[None, :]
-    keep = (rows >= cols) if causal else None
-    if seq_len % k.shape[0]:
-        keep = cols < seq_len if keep is None else keep & (cols < seq_len)
+    keep = (q_pos >= k_pos) if causal else None
+    if seq_len % k_pos.size:
+        keep = k_pos < seq_len if keep is None else keep & (k_pos < seq_len)
     return s if keep is None else jnp.where(keep, s, MASKED)
+
+
+def _positions(start, n: int, axis: int) -> jax.Array:
+    """``start + [0, n)`` as a column (``axis=0``, ``[n,1]``) or a row (``axis=1``, ``[1,n]``)."""
+    pos = start + jnp.arange(n)
+    return pos[:, None] if axis == 0 else pos[None, :]
 
 
 def _key_blocks(qi, bq: int, bk: int, seq_len: int, causal: bool):
@@ -174,12 +182,13 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, static: _Static, seq_len
                 bq: int, bk: int):
     qi = _row_block(static.causal)
     q = _load_rows(q_ref, qi * bq, bq, seq_len, dqk)
+    q_pos = _positions(qi * bq, bq, 0)
     score = functools.partial(_scores, scale=static.scale, causal=static.causal, seq_len=seq_len)
 
     def body(kj, carry, masked: bool):
         acc, m, l = carry
         k = _load_rows(k_ref, kj * bk, bk, seq_len, dqk)
-        s = score(q, k, qi * bq, kj * bk, masked=masked)
+        s = score(q, k, q_pos, _positions(kj * bk, bk, 1), masked=masked)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s - m_new[:, None])
@@ -201,17 +210,18 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref
     kj = pl.program_id(0)
     k = _load_rows(k_ref, kj * bk, bk, seq_len, dqk)
     v = _load_rows(v_ref, kj * bk, bk, seq_len, dv)
+    k_pos = _positions(kj * bk, bk, 0)
     score = functools.partial(_scores, scale=static.scale, causal=static.causal, seq_len=seq_len)
 
-    def body(qi, carry, masked: bool):
+    def body(qi, carry, masked: bool):  # transposed tiles: P^T, dP^T, dS^T are [bk, bq]
         dk_acc, dv_acc = carry
         q = _load_rows(q_ref, qi * bq, bq, seq_len, dqk)
         do = _load_rows(do_ref, qi * bq, bq, seq_len, dv)
-        p = jnp.exp2(score(q, k, qi * bq, kj * bk, masked=masked) - _load_stat(lse_ref, qi * bq, bq, seq_len)[:, None])
-        dv_acc += _dot(p.astype(do.dtype).T, do)
-        dp = _dot(do, v.T)
-        ds = p * (dp - _load_stat(delta_ref, qi * bq, bq, seq_len)[:, None])
-        dk_acc += _dot(ds.astype(q.dtype).T, q)
+        s_t = score(k, q, _positions(qi * bq, bq, 1), k_pos, masked=masked)
+        p_t = jnp.exp2(s_t - _load_stat(lse_ref, qi * bq, bq, seq_len)[None, :])
+        dv_acc += _dot(p_t.astype(do.dtype), do)
+        ds_t = p_t * (_dot(v, do.T) - _load_stat(delta_ref, qi * bq, bq, seq_len)[None, :])
+        dk_acc += _dot(ds_t.astype(q.dtype), q)
         return dk_acc, dv_acc
 
     carry = (jnp.zeros((bk, k_ref.shape[-1]), jnp.float32), jnp.zeros((bk, v_ref.shape[-1]), jnp.float32))
@@ -229,12 +239,13 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, stati
     do = _load_rows(do_ref, qi * bq, bq, seq_len, dv)
     lse = _load_stat(lse_ref, qi * bq, bq, seq_len)[:, None]
     delta = _load_stat(delta_ref, qi * bq, bq, seq_len)[:, None]
+    q_pos = _positions(qi * bq, bq, 0)
     score = functools.partial(_scores, scale=static.scale, causal=static.causal, seq_len=seq_len)
 
     def body(kj, dq_acc, masked: bool):
         k = _load_rows(k_ref, kj * bk, bk, seq_len, dqk)
         v = _load_rows(v_ref, kj * bk, bk, seq_len, dv)
-        p = jnp.exp2(score(q, k, qi * bq, kj * bk, masked=masked) - lse)
+        p = jnp.exp2(score(q, k, q_pos, _positions(kj * bk, bk, 1), masked=masked) - lse)
         ds = p * (_dot(do, v.T) - delta)
         return dq_acc + _dot(ds.astype(k.dtype), k)
 
