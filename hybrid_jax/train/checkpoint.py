@@ -62,8 +62,9 @@ class Checkpointer:
         step = self.manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.manager.directory}")
-        saved = self.manager.item_metadata(step)["state"]
-        check_shapes(abstract_state, _metadata_tree(saved))
+        saved = _metadata_tree(self.manager.item_metadata(step)["state"])
+        check_shapes(abstract_state.get("params", {}), saved.get("params", {}), prefix="params/")  # params first
+        check_shapes(abstract_state, saved)
         items = dict(
             state=ocp.args.PyTreeRestore(
                 item=abstract_state,
@@ -94,19 +95,19 @@ def _name(path: tuple) -> str:
     return "/".join(str(p) for p in parts)
 
 
-def check_shapes(expected: Any, saved: Any) -> None:
+def check_shapes(expected: Any, saved: Any, prefix: str = "") -> None:
     """Raise ValueError naming the first leaf of ``expected`` that ``saved`` lacks or holds in another shape."""
     saved_leaves = {_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(saved)}
     for path, leaf in jax.tree_util.tree_leaves_with_path(expected):
-        key = _name(path)
-        if key not in saved_leaves:
+        name = _name(path)
+        if name not in saved_leaves:
             raise ValueError(
-                f"checkpoint does not match this model: it has no parameter {key} (shape {tuple(np.shape(leaf))}); "
-                "it was written by a model of another architecture"
+                f"checkpoint does not match this model: it has no parameter {prefix}{name} "
+                f"(shape {tuple(np.shape(leaf))}); it was written by a model of another architecture"
             )
-        want, got = tuple(np.shape(leaf)), tuple(saved_leaves[key].shape)
+        want, got = tuple(np.shape(leaf)), tuple(saved_leaves[name].shape)
         if want != got:
             raise ValueError(
-                f"checkpoint does not match this model: {key} has shape {got} in the checkpoint but {want} in the "
-                "model; restore it with the config it was trained with"
+                f"checkpoint does not match this model: {prefix}{name} has shape {got} in the checkpoint but "
+                f"{want} in the model; restore it with the config it was trained with"
             )
