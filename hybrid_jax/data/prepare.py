@@ -16,6 +16,7 @@ training pipeline refuses the directory.
 
 from __future__ import annotations
 
+import collections
 import glob
 import gzip
 import itertools
@@ -23,12 +24,14 @@ import json
 import multiprocessing
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hybrid_jax.data.shards import FORMAT, MANIFEST, OFFSET_DTYPE, TOKEN_DTYPE, shard_name
@@ -40,6 +43,8 @@ _FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 
 @dataclass
 class Documents:
+    """A stream of document texts."""
+
     texts: Iterator[str]
     total: int | None  # number of documents when the source knows it (for the progress bar)
 
@@ -67,19 +72,14 @@ def _file_documents(paths: list[str], column: str) -> Documents:
     for p in paths:
         if not p.endswith(_FILE_SUFFIXES):
             raise ValueError(f"{p}: expected .parquet or .jsonl(.gz) files")
-    parquet = [p for p in paths if p.endswith(".parquet")]
     total = None
-    if len(parquet) == len(paths):
-        import pyarrow.parquet as pq
-
+    if all(p.endswith(".parquet") for p in paths):
         total = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     return Documents(itertools.chain.from_iterable(_read_file(p, column) for p in paths), total)
 
 
 def _read_file(path: str, column: str) -> Iterator[str]:
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=1024):
             yield from batch.column(0).to_pylist()
         return
@@ -142,6 +142,17 @@ def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
     it = iter(texts)
     while chunk := list(itertools.islice(it, size)):
         yield chunk
+
+
+def _ordered_map(pool: Pool, fn: Callable, items: Iterable, in_flight: int) -> Iterator:
+    """``pool.imap(fn, items)`` reading ``items`` only ``in_flight`` tasks ahead (imap would read a whole stream)."""
+    pending = collections.deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= in_flight:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
 
 
 class _ShardWriter:
@@ -225,7 +236,7 @@ def prepare(
     pool = None
     if workers > 1:
         pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (str(tokenizer_file),))
-        encoded = pool.imap(_encode_documents, _chunks(texts, DOCS_PER_TASK))
+        encoded = _ordered_map(pool, _encode_documents, _chunks(texts, DOCS_PER_TASK), in_flight=4 * workers)
     else:
         _init_worker(str(tokenizer_file))
         encoded = map(_encode_documents, _chunks(texts, DOCS_PER_TASK))
