@@ -7,6 +7,7 @@ its newest complete checkpoint. An empty ``train.workdir`` means ``runs/<model.n
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from absl import app, flags
@@ -15,9 +16,25 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py)", lock_config=True)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing with one-line errors for unknown config keys and unparsable values."""
+    try:
+        return flags.FLAGS(argv)
+    except (KeyError, AttributeError) as e:
+        while isinstance(e, BaseException) and e.args:  # ml_collections wraps the KeyError in an AttributeError
+            e = e.args[0]
+        name = str(e).split()[0].strip("\"'")
+        culprit = [a for a in argv if a.startswith("--config.") and name in a.split("=")[0].split(".")]
+        sys.exit(f"error: unknown config key '{name}' in {culprit[0] if culprit else argv[1:]}; "
+                 "the keys are those of hybrid_jax/config.py")
+    except flags.Error as e:
+        sys.exit(f"error: {e}")
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides look like --config.train.steps=100")
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # no "TPU not found" lines on GPU/CPU
     from hybrid_jax.train.mesh import maybe_initialize_distributed
 
     maybe_initialize_distributed()  # before anything touches the devices
@@ -36,4 +53,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
