@@ -19,7 +19,17 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.layers import RMSNorm, ShortConv, a_log_init, decay_gate, dense, dt_bias_init, dtypes, split_heads
+from hybrid_jax.model.layers import (
+    RMSNorm,
+    ShortConv,
+    a_log_init,
+    decay_gate,
+    dense,
+    dt_bias_init,
+    dtypes,
+    sow,
+    split_heads,
+)
 
 
 class GatedDeltaNet(nnx.Module):
@@ -51,8 +61,8 @@ class GatedDeltaNet(nnx.Module):
         g = decay_gate(self.A_log[...], a, self.dt_bias[...])
         o, state = kernels.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True,
                                                   chunk_size=self.chunk_size, impl=self.kernel_impl)
-        self.sow(nnx.Intermediate, "g", g)
-        self.sow(nnx.Intermediate, "beta", beta)
-        self.sow(nnx.Intermediate, "final_state", state)
+        sow(self, "g", g)
+        sow(self, "beta", beta)
+        sow(self, "final_state", state)
         y = self.out_norm(o, jax.nn.silu(z.astype(jnp.float32)).reshape(B, T, self.hv, self.dv))
         return self.out_proj(y.reshape(B, T, vd))

@@ -29,6 +29,7 @@ from hybrid_jax.model.layers import (
     dense,
     dt_bias_init,
     dtypes,
+    sow,
     split_heads,
     torch_default_init,
 )
@@ -68,8 +69,8 @@ class KimiDeltaAttention(nnx.Module):
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         o, state = kernels.chunk_kda(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True,
                                      chunk_size=self.chunk_size, impl=self.kernel_impl)
-        self.sow(nnx.Intermediate, "g", g)
-        self.sow(nnx.Intermediate, "beta", beta)
-        self.sow(nnx.Intermediate, "final_state", state)
+        sow(self, "g", g)
+        sow(self, "beta", beta)
+        sow(self, "final_state", state)
         gate = jax.nn.sigmoid(self.g_b_proj(g_a).astype(jnp.float32)).reshape(B, T, self.hv, self.dv)
         return self.out_proj(self.out_norm(o, gate).reshape(B, T, vd))

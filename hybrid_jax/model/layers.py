@@ -158,3 +158,12 @@ def split_heads(x: jax.Array, sizes: tuple[tuple[int, int], ...]) -> list[jax.Ar
     B, T, _ = x.shape
     bounds = np.cumsum([h * d for h, d in sizes])[:-1]
     return [p.reshape(B, T, h, d) for p, (h, d) in zip(jnp.split(x, bounds, axis=-1), sizes, strict=True)]
+
+
+def sow(module: nnx.Module, name: str, value: jax.Array) -> None:
+    """Record ``value`` as an ``nnx.Intermediate`` named ``name``, only inside ``nnx.capture`` (a no-op elsewhere).
+
+    Capture with ``out, intermediates = nnx.capture(model, nnx.Intermediate)(tokens)``. Outside a capture nothing is
+    stored on the module, so jitted training steps never carry (or accumulate) intermediates.
+    """
+    module.sow(nnx.Intermediate, name, value, capture_noop=True)

@@ -21,7 +21,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, split_heads
+from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
 
 
 class Mamba2(nnx.Module):
@@ -58,7 +58,7 @@ class Mamba2(nnx.Module):
         v = (dt[..., None] * x.astype(jnp.float32)).astype(self.dtype)
         y, state = kernels.chunk_simple_gla(c, b, v, dt * a, scale=1.0, output_final_state=True,
                                             chunk_size=self.chunk_size, impl=self.kernel_impl)
-        self.sow(nnx.Intermediate, "dt", dt)
-        self.sow(nnx.Intermediate, "final_state", state)
+        sow(self, "dt", dt)
+        sow(self, "final_state", state)
         y = y.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
         return self.out_proj(self.norm(y.reshape(Bsz, T, self.d_in), z))

@@ -25,7 +25,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.layers import RMSNorm, dense, dtypes
+from hybrid_jax.model.layers import RMSNorm, dense, dtypes, sow
 
 
 # --------------------------------------------------------------------------------------------- RoPE / YaRN
@@ -105,7 +105,7 @@ class MLA(nnx.Module):
         k = jnp.concatenate([k_nope, k_rope], axis=-1)
         o = kernels.attention(q, k, v, causal=True, scale=self.softmax_scale, impl=self.kernel_impl)
         if self.capture_attention:
-            self.sow(nnx.Intermediate, "attention", causal_attention_map(q, k, self.softmax_scale))
+            sow(self, "attention", causal_attention_map(q, k, self.softmax_scale))
         return self.linear_proj(o.reshape(B, T, H * self.v_dim))
 
 

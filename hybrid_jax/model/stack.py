@@ -8,7 +8,8 @@
     logits = features @ embedding^T                     [B,T,V] float32 (tied embedding)
 
 Each sublayer sows its output (the residual stream after it) as ``output``; mixers sow their internals (see each
-mixer). Capture them with ``nnx.capture(model, nnx.Intermediate)(tokens)`` or ``nnx.pop(model, nnx.Intermediate)``.
+mixer). Capture them with ``out, intermediates = nnx.capture(model, nnx.Intermediate)(tokens)``; outside a capture
+sowing is a no-op.
 ``model.remat``: ``"none"``, ``"mixer"`` (all but the MLPs) or ``"full"`` (every sublayer), via ``nnx.remat``.
 """
 
@@ -21,7 +22,7 @@ from ml_collections import ConfigDict
 
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.kda import KimiDeltaAttention
-from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, normal_init
+from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, normal_init, sow
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA
 from hybrid_jax.model.plan import layer_plan, sublayer_kinds
@@ -50,7 +51,7 @@ class Sublayer(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         out = nnx.remat(Sublayer.residual)(self, x) if self.remat else self.residual(x)
-        self.sow(nnx.Intermediate, "output", out)
+        sow(self, "output", out)
         return out
 
 

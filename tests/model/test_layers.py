@@ -1,0 +1,180 @@
+"""Sublayers one by one: causality, Mamba2/GDN against token-by-token references, RoPE/YaRN, conv, norms."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hybrid_jax.model.gdn import GatedDeltaNet
+from hybrid_jax.model.kda import KimiDeltaAttention
+from hybrid_jax.model.layers import MLP, GroupRMSNorm, ShortConv
+from hybrid_jax.model.mamba2 import Mamba2
+from hybrid_jax.model.mla import MLA, apply_rope, rope_frequencies
+from tests.conftest import load_config, rel_err
+
+KINDS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
+B, T = 2, 40  # the demo's chunk size is 16: three chunks, the last one partial
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    c = load_config("demo").model
+    assert c.dtype == "float32"
+    return c
+
+
+def jitted(module: nnx.Module):
+    """``module`` as a jitted function of its input (compiled once, called many times)."""
+    graphdef, state = nnx.split(module)
+    f = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    return lambda x: f(state, x)
+
+
+def apply(module: nnx.Module, x: jax.Array) -> jax.Array:
+    return jitted(module)(x)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_sublayer_is_causal(cfg, kind):
+    f = jitted(KINDS[kind](cfg, rngs=nnx.Rngs(0)))
+    x = jax.random.normal(jax.random.key(1), (B, T, cfg.hidden_size))
+    y = f(x)
+    assert y.shape == x.shape and bool(jnp.isfinite(y).all())
+    scale = float(jnp.abs(y).max())
+    for t in (0, 21, T - 1):
+        y2 = f(x.at[:, t].add(1.0))
+        np.testing.assert_allclose(y2[:, :t], y[:, :t], atol=1e-6 * scale, rtol=0)
+        assert float(jnp.abs(y2[:, t] - y[:, t]).max()) > 1e-2 * scale  # the change is seen at t itself
+
+
+def _np(p) -> np.ndarray:
+    return np.asarray(p[...], np.float64)
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def _softplus(x):
+    return np.log1p(np.exp(x))
+
+
+def test_mamba2_matches_token_by_token_ssm(cfg):
+    """SSD through simple GLA (grouping, scale 1, D skip, gate-first group norm) against Mamba2's recurrence."""
+    m = Mamba2(cfg, rngs=nnx.Rngs(3))
+    x = jax.random.normal(jax.random.key(4), (B, T, cfg.hidden_size))
+    y = apply(m, x)
+    d_in, nh, hd, G, N = m.d_in, m.nheads, m.head_dim, m.groups, m.state
+    proj = np.asarray(x, np.float64) @ _np(m.in_proj.kernel)
+    z, xbc, dt = proj[..., :d_in], proj[..., d_in:2 * d_in + 2 * G * N], proj[..., 2 * d_in + 2 * G * N:]
+    K = m.conv1d.kernel.shape[0]
+    xp = np.pad(xbc, ((0, 0), (K - 1, 0), (0, 0)))
+    xbc = _silu(sum(xp[:, j:j + T] * _np(m.conv1d.kernel)[j] for j in range(K)) + _np(m.conv1d.bias))
+    xs = xbc[..., :d_in].reshape(B, T, nh, hd)
+    Bm = xbc[..., d_in:d_in + G * N].reshape(B, T, G, N)
+    Cm = xbc[..., d_in + G * N:].reshape(B, T, G, N)
+    dt = _softplus(dt + _np(m.dt_bias))
+    A = -np.exp(_np(m.A_log))
+    group = np.arange(nh) // (nh // G)
+    S = np.zeros((B, nh, hd, N))
+    ys = np.zeros((B, T, nh, hd))
+    for t in range(T):
+        decay = np.exp(dt[:, t] * A)[:, :, None, None]
+        S = decay * S + (dt[:, t, :, None] * xs[:, t])[..., None] * Bm[:, t, group][:, :, None, :]
+        ys[:, t] = np.einsum("bhpn,bhn->bhp", S, Cm[:, t, group]) + _np(m.D)[:, None] * xs[:, t]
+    g = (ys.reshape(B, T, d_in) * _silu(z)).reshape(B, T, G, d_in // G)
+    g = g / np.sqrt((g**2).mean(-1, keepdims=True) + m.norm.eps)
+    ref = (g.reshape(B, T, d_in) * _np(m.norm.weight)) @ _np(m.out_proj.kernel)
+    assert rel_err(y, ref) < 1e-4
+
+
+def test_gdn_matches_token_by_token_delta_rule(cfg):
+    """Projection split order, grouped value heads, l2norm, gates and the gated output norm against the spec."""
+    m = GatedDeltaNet(cfg, rngs=nnx.Rngs(5))
+    x = jax.random.normal(jax.random.key(6), (B, T, cfg.hidden_size))
+    y = apply(m, x)
+    hk, dk, hv, dv = m.hk, m.dk, m.hv, m.dv
+    proj = np.asarray(x, np.float64) @ _np(m.in_proj.kernel)
+    sizes = np.cumsum([hk * dk, hk * dk, hv * dv, hv * dv, hv])
+    q, k, v, z, b, a = np.split(proj, sizes, axis=-1)
+    qkv = np.concatenate([q, k, v], -1)
+    K = m.conv1d.kernel.shape[0]
+    xp = np.pad(qkv, ((0, 0), (K - 1, 0), (0, 0)))
+    qkv = _silu(sum(xp[:, j:j + T] * _np(m.conv1d.kernel)[j] for j in range(K)))
+    q, k, v = np.split(qkv, np.cumsum([hk * dk, hk * dk]), axis=-1)
+    l2 = lambda u: u / np.sqrt((u**2).sum(-1, keepdims=True) + 1e-6)
+    q, k = l2(q.reshape(B, T, hk, dk)) * dk**-0.5, l2(k.reshape(B, T, hk, dk))
+    v = v.reshape(B, T, hv, dv)
+    beta = 1 / (1 + np.exp(-b))
+    g = -np.exp(_np(m.A_log)) * _softplus(a + _np(m.dt_bias))
+    head = np.arange(hv) // (hv // hk)
+    S = np.zeros((B, hv, dk, dv))
+    o = np.zeros((B, T, hv, dv))
+    for t in range(T):
+        S = S * np.exp(g[:, t])[:, :, None, None]
+        kt = k[:, t, head]
+        err = v[:, t] - np.einsum("bhk,bhkv->bhv", kt, S)
+        S = S + np.einsum("bhk,bhv->bhkv", beta[:, t, :, None] * kt, err)
+        o[:, t] = np.einsum("bhk,bhkv->bhv", q[:, t, head], S)
+    o = o / np.sqrt((o**2).mean(-1, keepdims=True) + cfg.norm_eps) * _np(m.out_norm.weight)
+    ref = (o * _silu(z.reshape(B, T, hv, dv))).reshape(B, T, hv * dv) @ _np(m.out_proj.kernel)
+    assert rel_err(y, ref) < 1e-4
+
+
+def test_plain_rope_is_exact_at_factor_one(cfg):
+    mla = cfg.mla
+    inv_freq, magnitude = rope_frequencies(mla)
+    d = mla.qk_rope_head_dim
+    np.testing.assert_array_equal(inv_freq, 1.0 / mla.rope_theta ** (np.arange(0, d, 2) / d))
+    assert magnitude == 1.0
+    x = jax.random.normal(jax.random.key(0), (1, 5, 2, d))
+    y = apply_rope(x, inv_freq, magnitude)
+    np.testing.assert_allclose(y[:, 0], x[:, 0], atol=1e-7)  # position 0 is the identity
+    pos, i = 3, 1  # channel i pairs with i + d/2 (rotate-half), angle pos * inv_freq[i]
+    c, s = np.cos(pos * inv_freq[i]), np.sin(pos * inv_freq[i])
+    x1, x2 = x[0, pos, 0, i], x[0, pos, 0, i + d // 2]
+    np.testing.assert_allclose([y[0, pos, 0, i], y[0, pos, 0, i + d // 2]], [x1 * c - x2 * s, x2 * c + x1 * s],
+                               rtol=1e-5)
+
+
+def test_rope_scores_depend_on_relative_position_only(cfg):
+    inv_freq, magnitude = rope_frequencies(cfg.mla)
+    d = cfg.mla.qk_rope_head_dim
+    q, k = np.random.default_rng(0).normal(size=(2, d)).astype(np.float32)
+    rot = lambda u: np.asarray(apply_rope(jnp.broadcast_to(u, (1, 12, 1, d)), inv_freq, magnitude))[0, :, 0]
+    rq, rk = rot(q), rot(k)
+    np.testing.assert_allclose(rq[7] @ rk[4], rq[3] @ rk[0], rtol=1e-4)
+    np.testing.assert_allclose(rq[11] @ rk[2], rq[9] @ rk[0], rtol=1e-4)
+
+
+def test_yarn_interpolates_low_frequencies(cfg):
+    mla = cfg.mla.copy_and_resolve_references()
+    mla.rope_scaling_factor, mla.mscale, mla.mscale_all_dim = 4.0, 1.0, 0.0
+    plain, _ = rope_frequencies(cfg.mla)
+    yarn, magnitude = rope_frequencies(mla)
+    assert yarn[0] == plain[0]  # highest frequency: extrapolated (kept)
+    assert yarn[-1] == pytest.approx(plain[-1] / 4.0)  # lowest frequency: interpolated by the factor
+    assert np.all(yarn <= plain) and np.all(yarn >= plain / 4.0 * (1 - 1e-12))
+    assert magnitude == pytest.approx(0.1 * np.log(4.0) + 1.0)
+
+
+def test_short_conv_is_a_causal_depthwise_filter():
+    conv = ShortConv(3, 4, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (1, 6, 3))
+    w, b = np.asarray(conv.kernel[...]), np.asarray(conv.bias[...])
+    xn = np.asarray(x)[0]
+    pre = np.array([[b[c] + sum(w[j, c] * xn[t - 3 + j, c] for j in range(4) if t - 3 + j >= 0) for c in range(3)]
+                    for t in range(6)])
+    np.testing.assert_allclose(conv(x)[0], _silu(pre), rtol=1e-5, atol=1e-6)
+    assert np.abs(w).max() <= 0.5  # PyTorch default conv init: U(+-1/sqrt(kernel_size))
+
+
+def test_group_rms_norm_normalises_each_group_after_the_gate():
+    norm = GroupRMSNorm(8, 2, eps=1e-5, dtype=jnp.float32)
+    y = jax.random.normal(jax.random.key(0), (3, 8)) * 5
+    z = jax.random.normal(jax.random.key(1), (3, 8))
+    out = np.asarray(norm(y, z)).reshape(3, 2, 4)
+    np.testing.assert_allclose(np.sqrt((out**2).mean(-1)), 1.0, rtol=1e-3)
+    gated = np.asarray(y * jax.nn.silu(z)).reshape(3, 2, 4)
+    np.testing.assert_allclose(out / np.sign(gated), np.abs(out), rtol=1e-6)  # same signs: the gate came first

@@ -1,0 +1,172 @@
+"""The whole HybridLM: logits, features + tied embedding, causality, intermediates, gradients, remat, 300M GDN."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hybrid_jax.model import HybridLM, tied_logits
+from hybrid_jax.model.stack import REMAT_MODES as REMAT
+from tests.conftest import load_config
+
+B, T = 2, 40
+
+
+def demo_cfg(**overrides):
+    cfg = load_config("demo").model
+    cfg.update(overrides)
+    return cfg
+
+
+def tokens(cfg, shape=(B, T), seed=0):
+    return jax.random.randint(jax.random.key(seed), shape, 0, cfg.vocab_size, dtype=jnp.int32)
+
+
+def jitted(model: HybridLM, fn):
+    """``tokens -> fn(model, tokens)`` jitted once (the model's state is an argument, not a constant)."""
+    graphdef, state = nnx.split(model)
+    f = jax.jit(lambda s, toks: fn(nnx.merge(graphdef, s), toks))
+    return lambda toks: f(state, toks)
+
+
+def loss_and_grad(model: HybridLM):
+    """A jitted ``tokens -> (next-token loss, grads of every Param)`` for ``model``."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(p, r, toks):
+        logits = nnx.merge(graphdef, p, r)(toks[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), toks[:, 1:, None], axis=-1))
+
+    f = jax.jit(jax.value_and_grad(loss))
+    return lambda toks: f(params, rest, toks)
+
+
+def capture(model: HybridLM, toks: jax.Array) -> dict[str, jax.Array]:
+    """Every sown intermediate of ``model(toks)`` as ``{dotted path: array}`` (one call: one value per name)."""
+    _, intms = jitted(model, lambda m, t: nnx.capture(m, nnx.Intermediate)(t))(toks)
+    return {".".join(map(str, path)): v.get_value()[0] for path, v in nnx.to_flat_state(intms)}
+
+
+@pytest.fixture(scope="module")
+def demo():
+    cfg = demo_cfg()
+    return cfg, HybridLM(cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def demo_forward(demo):
+    return jitted(demo[1], lambda m, t: m(t))
+
+
+@pytest.fixture(scope="module")
+def demo_grads(demo):
+    return loss_and_grad(demo[1])(tokens(demo[0], (B, T + 1)))
+
+
+def test_logits_and_features(demo, demo_forward):
+    cfg, model = demo
+    toks = tokens(cfg)
+    logits = demo_forward(toks)
+    assert logits.shape == (B, T, cfg.vocab_size) and logits.dtype == jnp.float32
+    assert bool(jnp.isfinite(logits).all())
+    feats = jitted(model, lambda m, t: m.features(t))(toks)
+    assert feats.shape == (B, T, cfg.hidden_size)
+    np.testing.assert_allclose(feats @ model.embedding.T, logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tied_logits(feats, model.embedding), logits, rtol=1e-6, atol=1e-6)
+    assert model.embedding.dtype == jnp.float32 and model.embedding.shape == (cfg.vocab_size, cfg.hidden_size)
+    # Untrained logits are near uniform: loss ~ log(V).
+    lse = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, toks[..., None], -1)[..., 0]
+    assert abs(float(lse.mean()) - np.log(cfg.vocab_size)) < 0.3
+
+
+def test_demo_model_is_causal(demo, demo_forward):
+    cfg, _ = demo
+    toks = tokens(cfg)
+    ref = demo_forward(toks)
+    scale = float(jnp.abs(ref).max())
+    for t in (3, 17, T - 1):
+        out = demo_forward(toks.at[:, t].set((toks[:, t] + 1) % cfg.vocab_size))
+        np.testing.assert_allclose(out[:, :t], ref[:, :t], atol=1e-6 * scale, rtol=0)
+        assert float(jnp.abs(out[:, t] - ref[:, t]).max()) > 1e-3 * scale
+
+
+def test_sown_intermediates(demo, demo_forward):
+    cfg, model = demo
+    toks = tokens(cfg)
+    intms = capture(model, toks)
+    shapes = {path: tuple(v.shape) for path, v in intms.items()}
+    D, g, k, s = cfg.hidden_size, cfg.gdn, cfg.kda, cfg.mamba2
+    nh = s.expand * D // s.head_dim
+    expected = {f"layers.{i}.output": (B, T, D) for i in range(8)}
+    expected.update({
+        "layers.2.mixer.g": (B, T, g.num_value_heads),
+        "layers.2.mixer.beta": (B, T, g.num_value_heads),
+        "layers.2.mixer.final_state": (B, g.num_value_heads, g.key_head_dim, g.value_head_dim),
+        "layers.4.mixer.g": (B, T, k.num_value_heads, k.key_head_dim),
+        "layers.4.mixer.beta": (B, T, k.num_value_heads),
+        "layers.4.mixer.final_state": (B, k.num_value_heads, k.key_head_dim, k.value_head_dim),
+        "layers.6.mixer.dt": (B, T, nh),
+        "layers.6.mixer.final_state": (B, nh, s.state_dim, s.head_dim),
+    })
+    assert shapes == expected  # no attention map unless asked for
+    assert all(float(intms[f"layers.{i}.mixer.g"].max()) < 0 for i in (2, 4))  # log decays are negative
+    assert float(intms["layers.6.mixer.dt"].min()) > 0
+    # The last output is the residual stream that the final norm and the tied embedding turn into the logits.
+    logits = tied_logits(model.final_norm(intms["layers.7.output"]), model.embedding)
+    np.testing.assert_allclose(logits, demo_forward(toks), rtol=1e-5, atol=1e-5)
+    assert nnx.state(model, nnx.Intermediate) == nnx.State({})  # nothing is left on the module
+
+
+def test_attention_map_on_request():
+    cfg = demo_cfg(pattern="*-")
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    model.layers[0].self_attention.capture_attention = True
+    att = capture(model, tokens(cfg, (1, 12)))["layers.0.self_attention.attention"]
+    assert att.shape == (1, cfg.mla.num_heads, 12, 12)
+    np.testing.assert_allclose(att.sum(-1), 1.0, rtol=1e-5)
+    assert float(jnp.triu(att, 1).max()) == 0.0
+
+
+def test_demo_forward_backward(demo_grads):
+    """Gradients are finite, float32, and reach every parameter."""
+    loss, grads = demo_grads
+    assert np.isfinite(float(loss))
+    for path, g in nnx.to_flat_state(grads):
+        assert g.dtype == jnp.float32 and bool(jnp.isfinite(g[...]).all()), path
+        assert float(jnp.abs(g[...]).max()) > 0, path
+
+
+def test_remat_changes_memory_not_numbers():
+    toks = tokens(demo_cfg(), (B, T + 1))
+    remat = {mode: HybridLM(demo_cfg(pattern="*-G-", remat=mode), rngs=nnx.Rngs(0)) for mode in REMAT}
+    assert [layer.remat for layer in remat["mixer"].layers] == [True, False, True, False]
+    assert all(layer.remat for layer in remat["full"].layers)
+    loss, grads = loss_and_grad(remat["none"])(toks)
+    loss_full, grads_full = loss_and_grad(remat["full"])(toks)
+    np.testing.assert_allclose(loss_full, loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads_full, grads)
+    with pytest.raises(ValueError, match="remat"):
+        HybridLM(demo_cfg(remat="some"), rngs=nnx.Rngs(0))
+
+
+def test_bfloat16_compute_path(demo_grads):
+    cfg = demo_cfg(dtype="bfloat16")
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    assert model.embedding.dtype == jnp.float32  # float32 master weights
+    loss, grads = loss_and_grad(model)(tokens(cfg, (B, T + 1)))
+    assert abs(float(loss) - float(demo_grads[0])) < 0.02
+    assert all(g.dtype == jnp.float32 and bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+def test_300m_gdn_forward_backward():
+    cfg = load_config("zebra_300m_gdn").model
+    cfg.dtype = "float32"
+    model = HybridLM(cfg, rngs=nnx.Rngs(0))
+    loss, grads = loss_and_grad(model)(tokens(cfg, (1, 33)))
+    assert abs(float(loss) - np.log(cfg.vocab_size)) < 0.5
+    leaves = jax.tree.leaves(grads)
+    assert len(leaves) == 12 * (7 + 3) + 2
+    assert all(bool(jnp.isfinite(g).all()) for g in leaves)
+    gnorm = float(jnp.sqrt(sum(jnp.sum(g * g) for g in leaves)))
+    assert 0 < gnorm < 1e3
