@@ -7,10 +7,9 @@ its newest complete checkpoint. An empty ``train.workdir`` means ``runs/<model.n
 
 from __future__ import annotations
 
-import logging
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py)", lock_config=True)
@@ -34,7 +33,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides look like --config.train.steps=100")
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # no "TPU not found" lines on GPU/CPU
+    logging.set_verbosity(logging.WARNING)  # keep Orbax's and JAX's INFO lines out of the progress output
     from hybrid_jax.train.mesh import maybe_initialize_distributed
 
     maybe_initialize_distributed()  # before anything touches the devices
