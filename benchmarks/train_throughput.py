@@ -1,0 +1,115 @@
+"""Training throughput of a config: the real jitted train step on mock data, no checkpoints.
+
+    python benchmarks/train_throughput.py --config configs/zebra_300m_gdn.py [--steps 20] [--warmup 3] \
+        [--accum 1] [--config.train.micro_batch_size=32 ...] [--out results.json]
+
+The global batch is set to ``micro_batch_size x accum x devices`` (one optimizer step = ``accum`` micro-batches
+per device) so a step takes seconds, not minutes. Prints one JSON object (and writes it to ``--out`` or
+``$OUT/train_throughput.json``): tokens/s, tokens/s/device, MFU (``hybrid_jax.flops``), step time, peak device
+memory, the first and last loss and the number of skipped steps. Timed steps exclude the ``--warmup`` steps
+(compilation included there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+from absl import app, flags, logging
+from flax import nnx
+from ml_collections import config_flags
+
+from hybrid_jax.data import make_train_iterator
+from hybrid_jax.flops import flops_per_token, peak_flops
+from hybrid_jax.model import HybridLM, count_params
+from hybrid_jax.train import mesh as mesh_lib
+from hybrid_jax.train.metrics import device_memory_gib
+from hybrid_jax.train.optim import make_optimizer
+from hybrid_jax.train.step import init_state, make_train_step
+from hybrid_jax.train.validate import validate
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py)", lock_config=True)
+_STEPS = flags.DEFINE_integer("steps", 20, "timed steps")
+_WARMUP = flags.DEFINE_integer("warmup", 3, "untimed steps first (compilation, autotuning)")
+_ACCUM = flags.DEFINE_integer("accum", 1, "micro-batches per device per step")
+_OUT = flags.DEFINE_string("out", "", "JSON output path (default $OUT/train_throughput.json when $OUT is set)")
+
+
+def benchmark(config, *, steps: int, warmup: int) -> dict:
+    mesh = mesh_lib.make_mesh(config.mesh)
+    accum = validate(config, mesh_lib.batch_shards(mesh))
+    tx = make_optimizer(config.train)
+    t0 = time.perf_counter()
+    graphdef, state, shardings = init_state(
+        lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed)), tx, mesh,
+        zero1=config.train.zero1, seed=config.train.seed,
+    )
+    step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=accum)
+    data = make_train_iterator(config, process_index=jax.process_index(), process_count=jax.process_count())
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+
+    def run(n: int) -> list[dict]:
+        nonlocal state
+        out = []
+        for _ in range(n):
+            state, metrics = step(state, jax.make_array_from_process_local_data(batch_sharding, next(data)))
+            out.append(metrics)
+        return jax.device_get(out)
+
+    first = run(warmup)
+    setup_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    timed = run(steps)
+    seconds = time.perf_counter() - t0
+    tokens = steps * config.train.global_batch_size * config.train.seq_len
+    per_device = tokens / seconds / jax.device_count()
+    fpt = flops_per_token(config.model, config.train.seq_len)
+    peak = peak_flops(jax.devices()[0])
+    _, peak_memory = device_memory_gib()
+    metrics = first + timed
+    return dict(
+        config=config.model.name,
+        params=count_params(config.model),
+        device=jax.devices()[0].device_kind,
+        devices=jax.device_count(),
+        jax=jax.__version__,
+        kernel_impl=config.model.kernel_impl,
+        dtype=config.model.dtype,
+        remat=config.model.remat,
+        micro_batch_size=config.train.micro_batch_size,
+        accum=accum,
+        seq_len=config.train.seq_len,
+        steps=steps,
+        step_s=seconds / steps,
+        tokens_per_s=tokens / seconds,
+        tokens_per_s_per_device=per_device,
+        flops_per_token=fpt,
+        tflops_per_s_per_device=per_device * fpt / 1e12,
+        mfu=per_device * fpt / peak if peak else None,
+        peak_memory_gib=peak_memory,
+        setup_and_warmup_s=setup_s,
+        loss_first=float(metrics[0]["loss"]),
+        loss_last=float(metrics[-1]["loss"]),
+        skipped=int(metrics[-1]["skipped"]),
+    )
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    config = _CONFIG.value
+    config.train.global_batch_size = config.train.micro_batch_size * _ACCUM.value * jax.device_count()
+    result = benchmark(config, steps=_STEPS.value, warmup=_WARMUP.value)
+    text = json.dumps(result, indent=1)
+    print(text, flush=True)
+    out = _OUT.value or (os.path.join(os.environ["OUT"], "train_throughput.json") if "OUT" in os.environ else "")
+    if out and jax.process_index() == 0:
+        Path(out).write_text(text)
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("config")
+    app.run(main)
