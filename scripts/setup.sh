@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv in the repository root with a Python 3.12 interpreter and install hybrid-jax into it.
-# Usage: scripts/setup.sh [EXTRAS]   (default extras: dev,notebook,data)
+# Usage: scripts/setup.sh [EXTRAS]   (default extras: dev,notebook,data,export,eval)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-dev,notebook,data}"
+extras="${1:-dev,notebook,data,export,eval}"
 
 is_312() { "$@" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 12) else 1)' >/dev/null 2>&1; }
 
