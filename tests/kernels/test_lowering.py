@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import pytest
 
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
-from hybrid_jax.kernels.tuning import recurrent_config
+from hybrid_jax.kernels.flash_attention import flash_attention
+from hybrid_jax.kernels.tuning import attention_config, recurrent_config
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 TARGETS = [("NVIDIA H200", "cuda", "sm90"), ("gfx942", "rocm", "gfx942"), ("gfx950", "rocm", "gfx950")]
@@ -60,11 +61,25 @@ def _recurrence_case(name: str, delta: bool, backward: bool) -> Case:
     return Case(name, make, args, kernels)
 
 
+def _attention_case(T: int, dqk: int, dv: int) -> Case:
+    """Flash attention forward + backward (fwd, dK/dV, dQ kernels) with the architecture's tiles."""
+
+    def make(arch: str) -> Callable:
+        config = attention_config(arch, max(dqk, dv))
+        loss = lambda q, k, v: flash_attention(q, k, v, config=config).astype(jnp.float32).sum()
+        return jax.grad(loss, argnums=(0, 1, 2))
+
+    return Case(f"attention_T{T}_qk{dqk}_v{dv}", make, (_sds(2, T, 4, dqk), _sds(2, T, 4, dqk), _sds(2, T, 4, dv)), 3)
+
+
 CASES = [
     _recurrence_case("gdn_fwd", delta=True, backward=False),
     _recurrence_case("gdn_fwd_bwd", delta=True, backward=True),
     _recurrence_case("gla_fwd", delta=False, backward=False),
     _recurrence_case("gla_fwd_bwd", delta=False, backward=True),
+    _attention_case(2048, 64, 64),
+    _attention_case(2048, 128, 128),
+    _attention_case(300, 48, 32),
 ]
 
 
