@@ -1,7 +1,7 @@
-"""Causal flash attention in Pallas (Triton lowering), forward and backward; qk head dim may differ from v's.
+"""Flash attention in Pallas (Triton lowering), forward and backward; qk head dim may differ from v's.
 
 Shapes follow FLA: ``q, k: [B,T,H,Dqk]``, ``v: [B,T,H,Dv]`` -> ``o: [B,T,H,Dv]``. Three kernels, one program
-per (row block, batch, head):
+per (row block, batch, head); self-attention (q and k have one length T), causal or not:
 
 * forward: online softmax over key blocks; saves the log-sum-exp (base 2) ``lse: [B,H,Tp]`` float32;
 * dK/dV: one key block per program, loops over query blocks (recomputes ``P = exp2(S - lse)``);
@@ -51,7 +51,8 @@ def flash_attention(
     """Pallas flash attention. ``q, k: [B,T,H,Dqk]``, ``v: [B,T,H,Dv]`` (one dtype) -> ``[B,T,H,Dv]``.
 
     ``scale`` defaults to ``Dqk**-0.5``; ``config`` to the table entry of the current GPU
-    (:func:`tuning.attention_config`); ``interpret=True`` runs the same kernels on CPU.
+    (:func:`tuning.attention_config`, tiles for bf16: float32 inputs get half-width key tiles);
+    ``interpret=True`` runs the same kernels on CPU.
     """
     if q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"attention: need q, k [B,T,H,Dqk] and v [B,T,H,Dv], got {q.shape}, {k.shape}, {v.shape}")
@@ -60,8 +61,8 @@ def flash_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if config is None:
         config = tuning.attention_config(head_dim=_pow2(max(q.shape[-1], v.shape[-1])))
-    if q.dtype.itemsize >= 4:  # float32 tiles take twice the shared memory
-        config = _halve_block_k(config)
+        if q.dtype.itemsize >= 4:  # float32 tiles take twice the shared memory
+            config = _halve_block_k(config)
     return _flash(q, k, v, _Static(causal, scale, config, interpret))
 
 
