@@ -1,10 +1,11 @@
 """Sweep launch parameters of the recurrent kernels on a GPU and print an entry for ``kernels/tuning.py``.
 
-    python -m benchmarks.autotune [--shape gdn_anchor] [--budget-s 150]
+    python -m benchmarks.autotune [--shape gdn_anchor ...] [--budget-s 150]
 
-Coordinate descent from the current table entry: ``block_v`` first, then (num_warps, num_stages) of each
-kernel in turn, keeping the best forward+backward time so far. A candidate that fails to compile (for
-example shared memory overflow on MI300X) is skipped. Stops early when the time budget is spent.
+Coordinate descent from the current table entry, one kernel stage at a time (each candidate compiles one
+kernel): ``block_v`` on the two sequential state passes, then (num_warps, num_stages) of each kernel. A
+candidate that fails to compile (for example shared memory overflow on MI300X) is skipped. Stops early when
+the time budget is spent. With several shapes, a candidate's score is the sum over shapes.
 """
 
 from __future__ import annotations
@@ -13,51 +14,48 @@ import argparse
 import dataclasses
 import time
 
-import jax
-import jax.numpy as jnp
-
-from benchmarks.kernels import SHAPES, inputs, make_fns, median_ms
+from benchmarks.kernels import SHAPES, stage_args, stage_ms
 from hybrid_jax.kernels.tuning import Launch, current_arch, recurrent_config
 
 BLOCK_V = (32, 64, 128)
 LAUNCHES = tuple(Launch(w, s) for w in (2, 4, 8) for s in (1, 2, 3))
-KERNELS = ("wy", "state", "output", "state_bwd", "grad")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="gdn_anchor", choices=[s.name for s in SHAPES])
+    ap.add_argument("--shape", nargs="+", default=["gdn_anchor"], choices=[s.name for s in SHAPES])
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
-    shape = next(s for s in SHAPES if s.name == args.shape)
-    x = inputs(shape)
-    do = jax.random.normal(jax.random.PRNGKey(1), (shape.B, shape.T, shape.HV, shape.V), jnp.bfloat16)
     start = time.perf_counter()
+    best = recurrent_config()
+    shapes = [s for s in SHAPES if s.name in args.shape]
+    stage_inputs = [stage_args(s, best) for s in shapes]
 
-    def measure(cfg) -> float:
+    def measure(cfg, stages) -> float:
         try:
-            return median_ms(make_fns(shape, "pallas", cfg)[1], x, do, repeats=args.repeats)
+            return sum(stage_ms(n, a[n], cfg, args.repeats) for a in stage_inputs for n in stages if n in a)
         except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
-            print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f"  skip: {type(e).__name__}: {str(e)[:200]}", flush=True)
             return float("inf")
 
-    best = recurrent_config()
-    best_ms = measure(best)
-    print(f"{current_arch()} {shape.name}: start {best_ms:.3f} ms  {best}", flush=True)
-    fields = [("block_v", BLOCK_V)] + [(k, LAUNCHES) for k in KERNELS if shape.delta or k != "wy"]
-    for field, values in fields:
+    print(f"{current_arch()} {args.shape}: start {best}", flush=True)
+    fields = [("block_v", BLOCK_V, ("state", "state_bwd"))] + [
+        (n, LAUNCHES, (n,)) for n in ("wy", "state", "output", "state_bwd", "grad")]
+    for field, values, stages in fields:
+        best_ms = measure(best, stages)
+        print(f"{field}: {getattr(best, field)} {best_ms:.3f} ms", flush=True)
         for value in values:
             if time.perf_counter() - start > args.budget_s:
                 break
             if getattr(best, field) == value:
                 continue
             cand = dataclasses.replace(best, **{field: value})
-            ms = measure(cand)
-            print(f"  {field}={value}: {ms:.3f} ms", flush=True)
+            ms = measure(cand, stages)
+            print(f"  {value}: {ms:.3f} ms", flush=True)
             if ms < best_ms:
                 best, best_ms = cand, ms
-    print(f"best {best_ms:.3f} ms after {time.perf_counter() - start:.0f} s")
+    print(f"done after {time.perf_counter() - start:.0f} s")
     print(f'    "{current_arch()}": {best!r},')
 
 

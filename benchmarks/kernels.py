@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -46,7 +47,7 @@ def _import_kernels_from_source() -> None:
 
 _import_kernels_from_source()
 
-from hybrid_jax.kernels import reference  # noqa: E402
+from hybrid_jax.kernels import chunk_pallas, reference  # noqa: E402
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence  # noqa: E402
 from hybrid_jax.kernels.tuning import current_arch, recurrent_config  # noqa: E402
 
@@ -121,6 +122,38 @@ def median_ms(fn, *args, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+STAGES = {"wy": chunk_pallas.wy, "state": chunk_pallas.state_fwd, "output": chunk_pallas.output,
+          "state_bwd": chunk_pallas.state_bwd, "grad": chunk_pallas.grad}
+
+
+def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> dict[str, tuple]:
+    """Arguments of each kernel stage (``chunk_pallas.STAGE(static, *args)``) at shape ``s``, from real data."""
+    x = inputs(s)
+    st = chunk_pallas.Static(s.K**-0.5, chunk, config, interpret)
+    q, k, v, beta = reference.l2_normalize(x["q"]).astype(x["q"].dtype), x["k"], x["v"], x.get("beta")
+    gam = jnp.cumsum(x["g"].reshape(s.B, s.T // chunk, chunk, s.HV), axis=2).reshape(s.B, s.T, s.HV)
+    h0 = jnp.zeros((s.B, s.HV, s.K, s.V), jnp.float32)
+    do = jax.random.normal(jax.random.PRNGKey(1), v.shape, v.dtype)
+    args = {}
+    u, w, t = (v, None, None)
+    if s.delta:
+        args["wy"] = (k, v, gam, beta)
+        u, w, t = chunk_pallas.wy(st, *args["wy"])
+    args["state"] = (k, gam, w, u, h0)
+    h, vn, _ = chunk_pallas.state_fwd(st, *args["state"])
+    args["output"] = (q, k, vn, gam, h)
+    args["state_bwd"] = (q, k, gam, w, do, h0)
+    dh, dvn, _ = chunk_pallas.state_bwd(st, *args["state_bwd"])
+    args["grad"] = (q, k, v, beta, gam, u, w, t, h, dh, vn, dvn if s.delta else None, do)
+    return args
+
+
+def stage_ms(name: str, args: tuple, config, repeats: int, chunk: int = 64, interpret: bool = False) -> float:
+    """Median time of one kernel stage under ``config``."""
+    st = chunk_pallas.Static(1.0, chunk, config, interpret)
+    return median_ms(jax.jit(functools.partial(STAGES[name], st)), *args, repeats=repeats)
+
+
 def rel_rms(x, ref) -> float:
     x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
@@ -164,6 +197,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False) -> di
     res["err_o"] = rel_rms(o, o_ref)
     res.update({f"err_d{n}": rel_rms(grads[n], g_ref[n]) for n in x})
     res["ok"] = res["err_o"] <= 5e-3 and all(res[f"err_d{n}"] <= 2e-2 for n in x)
+    args = stage_args(s, recurrent_config(), interpret=interpret)
+    res["stages_ms"] = {n: stage_ms(n, a, recurrent_config(), repeats, interpret=interpret) for n, a in args.items()}
     if xla_timing:
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
@@ -211,6 +246,8 @@ def main() -> None:
               f"{100 * r['fwdbwd_mfu']:6.1f} {100 * r['fwd_hbm']:6.1f} {100 * r['fwdbwd_hbm']:6.1f}  {err:.1e} "
               f"{r['ok']}" + (f"  xla {r['xla_fwd_ms']:.3f}/{r['xla_fwdbwd_ms']:.3f} ms" if args.xla_timing else ""),
               flush=True)
+        if "stages_ms" in r:
+            print(" " * 13 + "  ".join(f"{n} {ms:.3f}" for n, ms in r["stages_ms"].items()), flush=True)
         out.write_text(json.dumps(results, indent=1))
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")

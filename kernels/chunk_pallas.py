@@ -45,7 +45,7 @@ F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
+class Static:
     """Non-differentiable, hashable arguments of the custom VJP."""
 
     scale: float
@@ -78,13 +78,23 @@ def _last(x: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(idx == x.shape[0] - 1, x, 0.0))
 
 
-def _unit_lower_inverse(a: jax.Array) -> jax.Array:
+def _dot_split(a: jax.Array, b: jax.Array) -> jax.Array:
+    """A float32 matmul from three bf16 matmuls: ``a_hi b_hi + a_hi b_lo + a_lo b_hi``."""
+    a_hi, b_hi = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    a_lo = (a - a_hi.astype(F32)).astype(jnp.bfloat16)
+    b_lo = (b - b_hi.astype(F32)).astype(jnp.bfloat16)
+    return _dot(a_hi, b_hi) + _dot(a_hi, b_lo) + _dot(a_lo, b_hi)
+
+
+def _unit_lower_inverse(a: jax.Array, split: bool) -> jax.Array:
     """``(I + a)^-1`` for a strictly lower-triangular float32 ``[C, C]`` tile (C a power of two).
 
     Block doubling: with ``X`` the inverse of the diagonal ``b x b`` blocks and ``L`` the lower-left
     ``b x b`` blocks of each ``2b x 2b`` diagonal block, the inverse of the ``2b`` blocks is
     ``X - X L X``. Every intermediate is a block of the true inverse (no powers of ``a`` that could
-    overflow), and it needs only ``2 log2(C) - 2`` matmuls, in full float32.
+    overflow), and it needs only ``2 log2(C) - 2`` matmuls. ``split``: each float32 matmul as three bf16
+    tensor-core matmuls (about 16 mantissa bits; Triton's IEEE float32 dot runs on CUDA cores and was
+    15x slower on the H200), else an IEEE float32 dot.
     """
     C = a.shape[0]
     i, j = _iota(C)
@@ -93,7 +103,8 @@ def _unit_lower_inverse(a: jax.Array) -> jax.Array:
     while (1 << level) < C:
         off = ((i >> (level + 1)) == (j >> (level + 1))) & ((i >> level) != (j >> level))
         lower = jnp.where(off, a, 0.0)
-        x = x - _dot(_dot(x, lower, lax.Precision.HIGHEST), x, lax.Precision.HIGHEST)
+        x = x - (_dot_split(_dot_split(x, lower), x) if split else
+                 _dot(_dot(x, lower, lax.Precision.HIGHEST), x, lax.Precision.HIGHEST))
         level += 1
     return x
 
@@ -101,7 +112,7 @@ def _unit_lower_inverse(a: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------------------------------- kernels
 
 
-def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref):
+def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
     k = k_ref[...]
     cd = k.dtype
@@ -110,7 +121,7 @@ def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref):
     i, j = _iota(k.shape[0])
     strict = i > j
     a = _dot(k, k.T) * _masked_exp(gam[:, None] - gam[None, :], strict) * b[:, None]
-    t = _unit_lower_inverse(a)
+    t = _unit_lower_inverse(a, split)
     t_ref[...] = t
     tc = t.astype(cd)
     u_ref[...] = _dot(tc, (v_ref[...].astype(F32) * b[:, None]).astype(cd)).astype(u_ref.dtype)
@@ -261,7 +272,7 @@ def _grad_kernel(*refs, scale: float, delta: bool):
 # ------------------------------------------------------------------------------------------------ pallas calls
 
 
-def _call(kernel, name: str, launch: Launch, st: _Static, grid, in_specs, out_specs, out_shape):
+def _call(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_specs, out_shape):
     return pl.pallas_call(
         kernel,
         grid=grid,
@@ -314,110 +325,140 @@ class _Specs:
         return pl.BlockSpec((None, N, None, K, self.BV), lambda b, h, v: (b, 0, h, 0, v))
 
 
-def _dims(st: _Static, q, v):
+def _dims(st: Static, q, v):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BV = min(st.cfg.block_v, V)
-    return B, T, H, K, HV, V, T // st.chunk, BV, _Specs(T, st.chunk, HV // H, BV)
+    return B, T, HV, K, V, T // st.chunk, BV, _Specs(T, st.chunk, HV // H, BV)
 
 
-def _forward(st: _Static, q, k, v, gam, beta, h0):
-    """Padded inputs -> ``(o, final state, residuals)``."""
-    B, T, H, K, HV, V, N, BV, s = _dims(st, q, v)
-    cd = q.dtype
-    delta = beta is not None
+# Stages: one pallas_call each, on padded arrays (benchmarks/autotune.py times them one by one).
+
+
+def wy(st: Static, k, v, gam, beta):
+    """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]`` (input dtype), ``T [B,T,HV,C]`` (float32, row t of its chunk)."""
+    B, T, HV, K, V, N, _, s = _dims(st, k, v)
     sds = jax.ShapeDtypeStruct
-    par, seq = (B, HV, N), (B, HV, V // BV)
-    u = w = t = None
-    if delta:
-        u, w, t = _call(
-            _wy_kernel, "wy_fwd", st.cfg.wy, st, par,
-            [s.qk(K), s.tok(V), s.vec(), s.vec()],
-            [s.tok(V), s.tok(K), s.tok(st.chunk)],
-            [sds((B, T, HV, V), cd), sds((B, T, HV, K), cd), sds((B, T, HV, st.chunk), F32)],
-        )(k, v, gam, beta)
+    return _call(
+        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3), "wy_fwd", st.cfg.wy, st, (B, HV, N),
+        [s.qk(K), s.tok(V), s.vec(), s.vec()],
+        [s.tok(V), s.tok(K), s.tok(st.chunk)],
+        [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), sds((B, T, HV, st.chunk), F32)],
+    )(k, v, gam, beta)
+
+
+def state_fwd(st: Static, k, gam, w, u, h0):
+    """-> ``h [B,N,HV,K,V]`` (state at each chunk start), ``v_new [B,T,HV,V]`` (delta rule only: ``w`` given,
+    else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32."""
+    B, T, HV, K, V, N, BV, s = _dims(st, k, u)
+    sds = jax.ShapeDtypeStruct
+    delta = w is not None
     kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta)
-    snaps = sds((B, N, HV, K, V), cd)
-    final = sds((B, HV, K, V), F32)
+    snaps, final = sds((B, N, HV, K, V), k.dtype), sds((B, HV, K, V), F32)
     if delta:
-        h, vn, ht = _call(
-            kernel, "state_fwd", st.cfg.state, st, seq,
+        return _call(
+            kernel, "state_fwd", st.cfg.state, st, (B, HV, V // BV),
             [s.qk_seq(K), s.vec_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K)],
             [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
-            [snaps, sds((B, T, HV, V), cd), final],
+            [snaps, sds((B, T, HV, V), k.dtype), final],
         )(k, gam, w, u, h0)
-    else:
-        h, ht = _call(
-            kernel, "state_fwd", st.cfg.state, st, seq,
-            [s.qk_seq(K), s.vec_seq(), s.vtile_seq(), s.state_seq(K)],
-            [s.snaps_seq(N, K), s.state_seq(K)],
-            [snaps, final],
-        )(k, gam, v, h0)
-        vn = v
-    o = _call(
-        functools.partial(_output_kernel, scale=st.scale), "output_fwd", st.cfg.output, st, par,
+    h, ht = _call(
+        kernel, "state_fwd", st.cfg.state, st, (B, HV, V // BV),
+        [s.qk_seq(K), s.vec_seq(), s.vtile_seq(), s.state_seq(K)],
+        [s.snaps_seq(N, K), s.state_seq(K)],
+        [snaps, final],
+    )(k, gam, u, h0)
+    return h, u, ht
+
+
+def output(st: Static, q, k, vn, gam, h):
+    """-> ``o [B,T,HV,V]``."""
+    B, T, HV, K, V, N, _, s = _dims(st, q, vn)
+    return _call(
+        functools.partial(_output_kernel, scale=st.scale), "output_fwd", st.cfg.output, st, (B, HV, N),
         [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.snap(K, V)],
         s.tok(V),
-        sds((B, T, HV, V), v.dtype),
+        jax.ShapeDtypeStruct((B, T, HV, V), vn.dtype),
     )(q, k, vn, gam, h)
-    return o, ht, (q, k, v, gam, beta, u, w, t, h, vn)
 
 
-def _backward(st: _Static, res, do, dht):
-    q, k, v, gam, beta, u, w, t, h, vn = res
-    B, T, H, K, HV, V, N, BV, s = _dims(st, q, v)
-    cd = q.dtype
-    delta = beta is not None
+def state_bwd(st: Static, q, k, gam, w, do, dht):
+    """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
+    state) ``[B,HV,K,V]`` float32. ``w`` is None without the delta rule."""
+    B, T, HV, K, V, N, BV, s = _dims(st, q, do)
     sds = jax.ShapeDtypeStruct
-    par, seq = (B, HV, N), (B, HV, V // BV)
-    do = do.astype(cd)
+    delta = w is not None
     kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta)
     ins = [q, k, gam] + ([w] if delta else []) + [do, dht]
     specs = [s.qk_seq(K), s.qk_seq(K), s.vec_seq()] + ([s.tok_seq(K)] if delta else []) + [
         s.vtile_seq(), s.state_seq(K)]
-    dh, dvn, dh0 = _call(
-        kernel, "state_bwd", st.cfg.state_bwd, st, seq, specs,
+    return _call(
+        kernel, "state_bwd", st.cfg.state_bwd, st, (B, HV, V // BV), specs,
         [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
-        [sds((B, N, HV, K, V), cd), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32)],
+        [sds((B, N, HV, K, V), q.dtype), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32)],
     )(*ins)
-    kernel = functools.partial(_grad_kernel, scale=st.scale, delta=delta)
+
+
+def grad(st: Static, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do):
+    """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma) [B,T,HV]`` and, with the delta rule (``beta`` given),
+    ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32."""
+    B, T, HV, K, V, N, _, s = _dims(st, q, v)
+    sds = jax.ShapeDtypeStruct
+    kernel = functools.partial(_grad_kernel, scale=st.scale, delta=beta is not None)
     out_specs = [s.tok(K), s.tok(K), s.vec()]
     out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds((B, T, HV), F32)]
-    if delta:
-        grads = _call(
-            kernel, "grad_bwd", st.cfg.grad, st, par,
-            [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.vec(), s.tok(V), s.tok(K), s.tok(st.chunk),
-             s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V), s.tok(V)],
-            out_specs + [s.tok(V), s.vec()],
-            out_shape + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
-        )(q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
-        dq, dk, dgam, dv, dbeta = grads
-        dbeta = dbeta.astype(beta.dtype)
-    else:
-        dq, dk, dgam = _call(
-            kernel, "grad_bwd", st.cfg.grad, st, par,
+    if beta is None:
+        return _call(
+            kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
             [s.qk(K), s.qk(K), s.vec(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
             out_specs, out_shape,
-        )(q, k, gam, h, dh, v, do)
+        )(q, k, gam, h, dh, vn, do)
+    return _call(
+        kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
+        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.vec(), s.tok(V), s.tok(K), s.tok(st.chunk),
+         s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V), s.tok(V)],
+        out_specs + [s.tok(V), s.vec()],
+        out_shape + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
+    )(q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
+
+
+def _forward(st: Static, q, k, v, gam, beta, h0):
+    """Padded inputs -> ``(o, final state, residuals)``."""
+    u, w, t = wy(st, k, v, gam, beta) if beta is not None else (v, None, None)
+    h, vn, ht = state_fwd(st, k, gam, w, u, h0)
+    o = output(st, q, k, vn, gam, h)
+    return o, ht, (q, k, v, gam, beta, u, w, t, h, vn)
+
+
+def _backward(st: Static, res, do, dht):
+    q, k, v, gam, beta, u, w, t, h, vn = res
+    B, T, H, K = q.shape
+    do = do.astype(q.dtype)
+    dh, dvn, dh0 = state_bwd(st, q, k, gam, w, do, dht)
+    if beta is None:
+        dq, dk, dgam = grad(st, q, k, v, None, gam, None, None, None, h, dh, vn, None, do)
         dv, dbeta = dvn, None
-    group = (B, T, H, HV // H, K)
+    else:
+        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
+        dbeta = dbeta.astype(beta.dtype)
+    group = (B, T, H, v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(q.dtype)
     dk = dk.reshape(group).sum(3).astype(k.dtype)
     return dq, dk, dv.astype(v.dtype), dgam, dbeta, dh0
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _chunked(st: _Static, q, k, v, gam, beta, h0):
+def _chunked(st: Static, q, k, v, gam, beta, h0):
     o, ht, _ = _forward(st, q, k, v, gam, beta, h0)
     return o, ht
 
 
-def _chunked_fwd(st: _Static, q, k, v, gam, beta, h0):
+def _chunked_fwd(st: Static, q, k, v, gam, beta, h0):
     o, ht, res = _forward(st, q, k, v, gam, beta, h0)
     return (o, ht), res
 
 
-def _chunked_bwd(st: _Static, res, cts):
+def _chunked_bwd(st: Static, res, cts):
     do, dht = cts
     return _backward(st, res, do, dht.astype(F32))
 
@@ -481,6 +522,6 @@ def chunk_recurrence(
     beta = None if beta is None else pad(beta, Tp - T, 0)
     h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
     h0 = pad(h0, 0, Kp - K, Vp - V)
-    st = _Static(float(scale), C, config or recurrent_config(), interpret)
+    st = Static(float(scale), C, config or recurrent_config(), interpret)
     o, ht = _chunked(st, q, k, v, gam, beta, h0)
     return o[:, :T, :, :V].astype(out_dtype), ht[:, :, :K, :V]

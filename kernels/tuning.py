@@ -25,10 +25,12 @@ class RecurrentConfig:
     """Launch parameters of the chunked recurrent kernels (``kernels/chunk_pallas.py``).
 
     ``block_v`` tiles the value dim of the sequential state kernels (one program per (batch, head, V-tile)
-    carries a ``[K, block_v]`` float32 state); it is clipped to V.
+    carries a ``[K, block_v]`` float32 state); it is clipped to V. ``inverse_bf16x3``: the float32 matmuls of
+    the triangular inverse as three bf16 tensor-core matmuls each (else IEEE float32 dots).
     """
 
     block_v: int = 32
+    inverse_bf16x3: bool = True
     wy: Launch = Launch()  # intra-chunk WY transform: A = KK^T decay, (I + A)^-1, w, u
     state: Launch = Launch()  # sequential inter-chunk state pass (forward)
     output: Launch = Launch()  # parallel output pass
