@@ -121,9 +121,8 @@ def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: b
     i, j = _iota(k.shape[0])
     strict = i > j
     a = _dot(k, k.T) * _masked_exp(gam[:, None] - gam[None, :], strict) * b[:, None]
-    t = _unit_lower_inverse(a, split)
-    t_ref[...] = t
-    tc = t.astype(cd)
+    tc = _unit_lower_inverse(a, split).astype(cd)  # computed in float32, used (and stored) in the input dtype
+    t_ref[...] = tc
     u_ref[...] = _dot(tc, (v_ref[...].astype(F32) * b[:, None]).astype(cd)).astype(u_ref.dtype)
     w_ref[...] = _dot(tc, (k.astype(F32) * (b * jnp.exp(gam))[:, None]).astype(cd)).astype(w_ref.dtype)
 
@@ -243,7 +242,7 @@ def _grad_kernel(*refs, scale: float, delta: bool):
         # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
         b = beta_ref[...].astype(F32)
         dvn = dvn_ref[...]
-        tc = t_ref[...].astype(cd)
+        tc = t_ref[...]
         t_du = _dot(tc.T, dvn.astype(cd))
         t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
         dv_ref[...] = t_du * b[:, None]
@@ -336,14 +335,15 @@ def _dims(st: Static, q, v):
 
 
 def wy(st: Static, k, v, gam, beta):
-    """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]`` (input dtype), ``T [B,T,HV,C]`` (float32, row t of its chunk)."""
+    """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]``, ``T [B,T,HV,C]`` (row t of its chunk), in the input dtype
+    (T is computed in float32)."""
     B, T, HV, K, V, N, _, s = _dims(st, k, v)
     sds = jax.ShapeDtypeStruct
     return _call(
         functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3), "wy_fwd", st.cfg.wy, st, (B, HV, N),
         [s.qk(K), s.tok(V), s.vec(), s.vec()],
         [s.tok(V), s.tok(K), s.tok(st.chunk)],
-        [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), sds((B, T, HV, st.chunk), F32)],
+        [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), sds((B, T, HV, st.chunk), k.dtype)],
     )(k, v, gam, beta)
 
 
