@@ -17,7 +17,7 @@ from hybrid_jax.train.checkpoint import Checkpointer
 from hybrid_jax.train.metrics import MetricsLogger
 from hybrid_jax.train.optim import make_optimizer
 from hybrid_jax.train.step import init_state, make_train_step
-from hybrid_jax.train.validate import validate
+from hybrid_jax.train.validate import ConfigError, validate
 
 
 class TooManySkippedSteps(RuntimeError):
@@ -36,7 +36,10 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
     schedule still follows ``train.steps``. Returns the last logged metrics record.
     """
     t = config.train
-    mesh = mesh_lib.make_mesh(config.mesh)
+    try:
+        mesh = mesh_lib.make_mesh(config.mesh)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     accum = validate(config, mesh_lib.batch_shards(mesh))
     workdir = Path(t.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -62,6 +65,8 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
                            tokens_per_step=t.global_batch_size * t.seq_len, total_steps=t.steps)
     first, last = int(state["step"]) + 1, min(t.steps, stop_after or t.steps)
     record: dict = {}
+    if first > last:
+        log(f"nothing to do: the checkpoint is at step {first - 1} and the run ends at step {last}")
     previous = None  # the last step's metrics, read one step late so the host never stalls the device
     try:
         for step in range(first, last + 1):

@@ -52,7 +52,7 @@ def _records(workdir) -> list[dict]:
 
 
 def test_resume_after_sigkill_during_a_save(tmp_path):
-    cmd = _command(tmp_path, **{"train.steps": 60, "train.save_every": 1, "train.log_every": 1})
+    cmd = _command(tmp_path, **{"train.steps": 20, "train.save_every": 1, "train.log_every": 1})
     log = open(tmp_path / "first.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     checkpoints, tmp_seen = tmp_path / "checkpoints", None
@@ -61,7 +61,7 @@ def test_resume_after_sigkill_during_a_save(tmp_path):
         entries = list(checkpoints.iterdir()) if checkpoints.is_dir() else []
         complete = [p for p in entries if p.name.isdigit()]
         partial = [p.name for p in entries if not p.name.isdigit() and "tmp" in p.name]
-        if complete and partial:
+        if len(complete) >= 2 and partial:
             proc.send_signal(signal.SIGKILL)
             tmp_seen = partial
             break
@@ -71,7 +71,7 @@ def test_resume_after_sigkill_during_a_save(tmp_path):
     assert tmp_seen, f"never saw a save in progress; rc={proc.returncode}"
     assert proc.returncode == -signal.SIGKILL
     killed_at = max(r["step"] for r in _records(tmp_path))
-    assert killed_at < 60
+    assert killed_at < 20
 
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300, env=os.environ)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -81,7 +81,7 @@ def test_resume_after_sigkill_during_a_save(tmp_path):
     by_step: dict[int, list[float]] = {}
     for r in _records(tmp_path):
         by_step.setdefault(r["step"], []).append(r["loss"])
-    assert sorted(by_step) == list(range(1, 61))
+    assert sorted(by_step) == list(range(1, 21))
     repeated = {s: v for s, v in by_step.items() if len(v) > 1}
     assert repeated and min(repeated) == resumed_from + 1
     for step, (first, again) in repeated.items():

@@ -16,12 +16,12 @@ from hybrid_jax.train.validate import validate
 from tests.train.common import tiny_config
 
 
-def _setup(n_devices: int, *, zero1: bool = False, micro: int = 2):
+def _setup(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1):
     # eps 1e-4: Adam divides each gradient by its own magnitude, so a gradient component that is ~0 would become
     # +-lr on either side of a rounding-level difference; a larger eps keeps the comparison about the step itself.
     config = tiny_config(micro_batch_size=micro, zero1=zero1, warmup_steps=0, eps=1e-4)
     config.model.pattern = "*-G-"
-    mesh = mesh_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:n_devices])
+    mesh = mesh_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=fsdp)), jax.devices()[:n_devices])
     accum = validate(config, mesh_lib.batch_shards(mesh))
     tx = make_optimizer(config.train)
     graphdef, state, shardings = init_state(
@@ -40,11 +40,11 @@ def _batches(config, n: int) -> list[np.ndarray]:
 _RUNS: dict = {}
 
 
-def _run(n_devices: int, *, zero1: bool = False, micro: int = 2):
+def _run(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1):
     """Two steps on fixed batches; returns ``(config, mesh, state, step, losses, accum)`` (cached per setting)."""
-    key = (n_devices, zero1, micro)
+    key = (n_devices, zero1, micro, fsdp)
     if key not in _RUNS:
-        config, mesh, state, step, accum = _setup(n_devices, zero1=zero1, micro=micro)
+        config, mesh, state, step, accum = _setup(n_devices, zero1=zero1, micro=micro, fsdp=fsdp)
         losses = []
         for batch in _batches(config, 2):
             state, metrics = step(state, jax.device_put(batch, mesh_lib.batch_sharding(mesh)))
@@ -53,20 +53,23 @@ def _run(n_devices: int, *, zero1: bool = False, micro: int = 2):
     return _RUNS[key]
 
 
-@pytest.mark.parametrize("zero1,micro,want_accum", [(False, 2, 1), (True, 2, 1), (True, 1, 2)])
-def test_data_parallel_step_equals_single_device(zero1, micro, want_accum):
+@pytest.mark.parametrize(
+    "zero1,micro,fsdp,want_accum",
+    [(False, 2, 1, 1), (True, 2, 1, 1), (True, 1, 1, 2), (True, 2, 2, 1)],  # the last: ZeRO-3 over fsdp=2
+)
+def test_data_parallel_step_equals_single_device(zero1, micro, fsdp, want_accum):
     _, _, ref_state, _, ref_losses, ref_accum = _run(1, micro=16)
     assert ref_accum == 1
     ref_params = jax.device_get(ref_state["params"])
-    _, _, state, _, losses, accum = _run(8, zero1=zero1, micro=micro)
+    _, _, state, _, losses, accum = _run(8, zero1=zero1, micro=micro, fsdp=fsdp)
     assert accum == want_accum
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
     flat_ref = jax.tree_util.tree_leaves_with_path(ref_params)
     for (path, want), got in zip(flat_ref, jax.tree.leaves(jax.device_get(state["params"])), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
-    # parameters replicated; with ZeRO-1 the Adam moments are split over the 8 data shards
+    # parameters replicated (split over fsdp when > 1); with ZeRO-1 the Adam moments are split over all 8 devices
     for p in jax.tree.leaves(state["params"]):
-        assert p.sharding.is_fully_replicated
+        assert p.sharding.is_fully_replicated or (fsdp > 1 and p.addressable_shards[0].data.size == p.size // fsdp)
     mu = state["opt_state"][1][0].mu
     big = [x for x in jax.tree.leaves(mu) if x.size >= 1024]
     assert big
@@ -80,7 +83,7 @@ def test_data_parallel_step_equals_single_device(zero1, micro, want_accum):
 
 def test_non_finite_batch_is_skipped_bit_identically():
     config, mesh, state, step, _, _ = _run(8, zero1=True)
-    del _RUNS[(8, True, 2)]  # its state is donated below
+    del _RUNS[(8, True, 2, 1)]  # its state is donated below
     good, bad = _batches(config, 2)
     bad[3, 5] = config.model.vocab_size  # an out-of-range token id: its embedding lookup is NaN
     put = lambda b: jax.device_put(b, mesh_lib.batch_sharding(mesh))
