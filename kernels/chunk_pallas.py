@@ -22,9 +22,11 @@ the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the rev
 sum of q/k gradients over grouped value heads. The per-key gate of KDA is the planned extension: gamma
 becomes ``[C, K]`` and the decays move inside the matmuls with a sub-chunk reference point.
 
-Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32;
-states, gate sums and the triangular inverse are float32. Only 2-D dots, power-of-two blocks,
-``fori_loop`` loops and masks applied to exponents before ``exp``.
+Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32.
+The carried state, the gate sums, the gradients and the triangular inverse are computed in float32; the
+intermediates kept in HBM (u, w, T, v_new, per-chunk state snapshots) are stored in the input dtype, as
+FLA does. Only 2-D dots, power-of-two blocks, ``fori_loop`` loops and masks applied to exponents before
+``exp`` (the Triton lowering's limits).
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ def _unit_lower_inverse(a: jax.Array, split: bool) -> jax.Array:
     ``b x b`` blocks of each ``2b x 2b`` diagonal block, the inverse of the ``2b`` blocks is
     ``X - X L X``. Every intermediate is a block of the true inverse (no powers of ``a`` that could
     overflow), and it needs only ``2 log2(C) - 2`` matmuls. ``split``: each float32 matmul as three bf16
-    tensor-core matmuls (about 16 mantissa bits; Triton's IEEE float32 dot runs on CUDA cores and was
-    15x slower on the H200), else an IEEE float32 dot.
+    tensor-core matmuls (about 16 mantissa bits), else IEEE float32 dots, which Triton runs on CUDA cores:
+    with those the GDN forward took 10 ms on the H200 at B8 T2048 H16 K=V=128, against 0.4 ms for GLA.
     """
     C = a.shape[0]
     i, j = _iota(C)
@@ -206,7 +208,6 @@ def _grad_kernel(*refs, scale: float, delta: bool):
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
     else:
         q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
-        dvn_ref = None
     q = q_ref[...]
     k = k_ref[...]
     cd = q.dtype

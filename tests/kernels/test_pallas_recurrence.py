@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.kernels import api, reference
+from hybrid_jax.kernels import api, reference, tuning
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
 
 ARGS = ("q", "k", "v", "g", "beta", "h0")
@@ -135,3 +135,14 @@ def test_rejects_bad_chunk_size():
     inputs, _ = make_inputs(6, B=1, T=8)
     with pytest.raises(ValueError, match="power of two"):
         chunk_recurrence(*(inputs[n] for n in ARGS[:5]), chunk_size=24, interpret=True)
+
+
+@pytest.mark.parametrize("kind, platform, arch", [
+    ("NVIDIA H200", "gpu", "sm90"), ("NVIDIA H100 80GB HBM3", "gpu", "sm90"), ("gfx942", "rocm", "gfx942"),
+    ("AMD Instinct MI300X", "rocm", "gfx942"), ("gfx950", "rocm", "gfx950"), ("AMD Instinct MI355X", "rocm", "gfx950"),
+    ("NVIDIA A100-SXM4-80GB", "gpu", "fallback"), ("cpu", "cpu", "fallback"),
+])
+def test_tuning_lookup(kind, platform, arch):
+    assert tuning.arch_of(kind, platform) == arch
+    cfg = tuning.recurrent_config(arch)
+    assert cfg is tuning.RECURRENT[arch] and cfg.block_v & (cfg.block_v - 1) == 0
