@@ -101,19 +101,19 @@ def write_tokenizer(path: str, out: Path) -> None:
             shutil.copyfile(file.parent / "tokenizer_config.json", out / "tokenizer_config.json")
         return
     if kind == "sentencepiece":
-        from transformers import LlamaTokenizer
+        shutil.copyfile(file, out / "tokenizer.model")
+        config = dict(tokenizer_class="LlamaTokenizer", add_bos_token=False, add_eos_token=False, legacy=True)
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
 
-        tok = LlamaTokenizer(vocab_file=str(file), add_bos_token=False, add_eos_token=False, legacy=True)
-    else:
-        from transformers import PreTrainedTokenizerFast
-        from transformers.convert_slow_tokenizer import TikTokenConverter
+    from hybrid_jax.data.tokenizer import LLAMA3_PATTERN
 
-        from hybrid_jax.data.tokenizer import LLAMA3_PATTERN
-
-        specials = llama3_special_tokens()
-        converted = TikTokenConverter(vocab_file=str(file), pattern=LLAMA3_PATTERN,
-                                      extra_special_tokens=specials).converted()
-        tok = PreTrainedTokenizerFast(tokenizer_object=converted, bos_token=specials[0], eos_token=specials[1])
+    specials = llama3_special_tokens()
+    converted = TikTokenConverter(vocab_file=str(file), pattern=LLAMA3_PATTERN,
+                                  extra_special_tokens=specials).converted()
+    tok = PreTrainedTokenizerFast(tokenizer_object=converted, bos_token=specials[0], eos_token=specials[1])
     tok.save_pretrained(str(out))
 
 
