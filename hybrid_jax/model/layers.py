@@ -9,6 +9,7 @@ Conventions (all modules of ``hybrid_jax.model``):
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import jax
@@ -166,4 +167,10 @@ def sow(module: nnx.Module, name: str, value: jax.Array) -> None:
     Capture with ``out, intermediates = nnx.capture(model, nnx.Intermediate)(tokens)``. Outside a capture nothing is
     stored on the module, so jitted training steps never carry (or accumulate) intermediates.
     """
-    module.sow(nnx.Intermediate, name, value, capture_noop=True)
+    if _SOW_HAS_CAPTURE_NOOP:
+        module.sow(nnx.Intermediate, name, value, capture_noop=True)
+    elif hasattr(module, "__captures__"):  # flax < 0.12.12: how Module.sow itself detects an nnx.capture context
+        module.sow(nnx.Intermediate, name, value)
+
+
+_SOW_HAS_CAPTURE_NOOP = "capture_noop" in inspect.signature(nnx.Module.sow).parameters
