@@ -11,6 +11,7 @@ from flax import nnx
 import hybrid_jax
 from hybrid_jax.train.checkpoint import Checkpointer
 from hybrid_jax.train.loop import train
+from hybrid_jax.train.optim import learning_rate_schedule
 from tests.train.common import tiny_config
 
 
@@ -44,8 +45,16 @@ def test_resume_is_exact(straight, tmp_path):
     assert _losses(tmp_path) == pytest.approx(losses, rel=1e-6)
 
 
-def test_keeps_newest_checkpoints_and_saves_config(straight):
+def test_keeps_newest_checkpoints_and_saves_config_and_metrics(straight):
     workdir, _ = straight
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    want = {"step", "loss", "grad_norm", "lr", "tokens_per_s", "tokens_per_s_per_device", "mfu", "memory_gib",
+            "skipped"}
+    for r in records:
+        assert want <= set(r), r
+        assert r["tokens_per_s"] > 0 and r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / 8)
+        assert r["mfu"] is None and r["skipped"] == 0  # CPU: no peak FLOP/s, so no MFU
+    np.testing.assert_allclose([r["lr"] for r in records][-1], learning_rate_schedule(tiny_config().train)(39))
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [20, 30, 40]  # save_every 10, keep_checkpoints 3
     saved = json.loads((workdir / "config.json").read_text())
