@@ -88,6 +88,7 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
         ckpt.wait()
         ckpt.close()
         logger.close()
+        data_iter.close()
     return record
 
 
