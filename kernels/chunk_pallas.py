@@ -470,6 +470,17 @@ _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 # ------------------------------------------------------------------------------------------------------ public
 
 
+def _per_batch_shard(fn, batch: int):
+    """``fn`` (arrays with a leading batch dim in and out) run on each device's batch shard when a mesh is set
+    (``jax.set_mesh``) and its size divides the batch: XLA does not partition Pallas calls, so under a
+    batch-sharded ``jit`` without this every device would gather and process the whole batch."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or batch % mesh.size:
+        return fn
+    spec = jax.sharding.PartitionSpec(mesh.axis_names)
+    return jax.shard_map(fn, in_specs=spec, out_specs=spec, check_vma=False)
+
+
 def _pow2_at_least_16(n: int) -> int:
     return max(16, pl.next_power_of_2(n))
 
@@ -524,5 +535,5 @@ def chunk_recurrence(
     h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
     h0 = pad(h0, 0, Kp - K, Vp - V)
     st = Static(float(scale), C, config or recurrent_config(), interpret)
-    o, ht = _chunked(st, q, k, v, gam, beta, h0)
+    o, ht = _per_batch_shard(functools.partial(_chunked, st), B)(q, k, v, gam, beta, h0)
     return o[:, :T, :, :V].astype(out_dtype), ht[:, :, :K, :V]

@@ -146,3 +146,25 @@ def test_tuning_lookup(kind, platform, arch):
     assert tuning.arch_of(kind, platform) == arch
     cfg = tuning.recurrent_config(arch)
     assert cfg is tuning.RECURRENT[arch] and cfg.block_v & (cfg.block_v - 1) == 0
+
+
+def test_runs_per_batch_shard_under_a_mesh():
+    """Under ``jax.set_mesh`` the kernels run on each device's batch shard (XLA cannot partition Pallas calls)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py)")
+    inputs, weights = make_inputs(7, B=8, T=20)
+    names = [n for n in ARGS if inputs[n] is not None]
+    grad_fn = jax.jit(lambda *xs: value_and_grads(pallas(16), dict(zip(names, xs, strict=True)), weights,
+                                                  final_state=True))
+    o, ht, grads = grad_fn(*(inputs[n] for n in names))
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "fsdp"))
+    sharded = jax.device_put([inputs[n] for n in names], NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
+    with jax.set_mesh(mesh):
+        assert "shard_map" in str(jax.make_jaxpr(grad_fn)(*sharded))
+        o_s, ht_s, grads_s = grad_fn(*sharded)
+    assert o_s.sharding.spec == PartitionSpec(("data", "fsdp"))
+    assert rel_rms(o_s, o) <= 1e-6 and rel_rms(ht_s, ht) <= 1e-6
+    for name in names:
+        assert rel_rms(grads_s[name], grads[name]) <= 1e-6, name
