@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -475,10 +476,13 @@ def _per_batch_shard(fn, batch: int):
     (``jax.set_mesh``) and its size divides the batch: XLA does not partition Pallas calls, so under a
     batch-sharded ``jit`` without this every device would gather and process the whole batch."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or batch % mesh.size:
+    axes = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+                 if kind != jax.sharding.AxisType.Manual)  # already inside a shard_map over the others
+    size = math.prod(mesh.shape[name] for name in axes)
+    if size == 1 or batch % size:
         return fn
-    spec = jax.sharding.PartitionSpec(mesh.axis_names)
-    return jax.shard_map(fn, in_specs=spec, out_specs=spec, check_vma=False)
+    spec = jax.sharding.PartitionSpec(axes)
+    return jax.shard_map(fn, in_specs=spec, out_specs=spec, axis_names=set(axes), check_vma=False)
 
 
 def _pow2_at_least_16(n: int) -> int:
