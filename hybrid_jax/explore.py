@@ -1,0 +1,392 @@
+"""Look inside a model: run a text through it, capture what every sublayer computes, and plot it.
+
+The notebook ``notebooks/explore_layers.ipynb`` is a few calls into this module::
+
+    model, config = load_model(workdir)               # a checkpoint (hybrid_jax.load), or a random init of a config
+    tokens = prompt_tokens(config, text)              # [T] int32 (a mock-chain sequence when there is no tokenizer)
+    trace = run(model, tokens)                        # logits, residual stream, mixer internals, attention maps
+    activation_norms(trace); recurrent_states(trace); effective_memory(g); next_token_table(trace, config)
+    plot_*(...) -> matplotlib Figure;  save_figure(fig, directory, name) -> PNG path
+
+What is measured (all for one sequence, batch 1):
+
+* Activation norms: the RMS over channels of the residual stream after each sublayer (and of the embedding), and
+  of each sublayer's update ``f(norm(x))``, averaged over positions. ``[L+1]`` and ``[L]``.
+* Recurrent state ``S_t`` of every GDN / KDA / Mamba2 layer at every position, read out of the layer's own kernel:
+  querying the recurrence with the unit vectors ``q = e_i`` (scale 1) returns row ``i`` of ``S_t``, so one
+  batched kernel call with ``K`` probes gives ``S_t [T,HV,K,V]``; its last step equals the sown ``final_state``.
+  The layer's q/k/v are the sown output of its short convolution, split as the mixer splits them.
+* Effective memory ``m_t = sum_{s<=t} prod_{r=s+1..t} exp(g_r)`` (``m_t = exp(g_t) m_{t-1} + 1``): how many past
+  tokens the decay alone lets through to ``t``, in tokens (``1 / (1 - a)`` for a constant decay ``a``; KDA's
+  per-channel decay is averaged over channels). It ignores the delta rule's erasing, which the state norm shows.
+* Gates: the per-token decay ``exp(g)`` (GDN, KDA channel mean, Mamba2 ``exp(dt * A)``), beta (GDN/KDA) and
+  Mamba2's step ``dt``. MLA attention maps ``[H,T,T]`` (softmax probabilities, causal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+from ml_collections import ConfigDict
+
+from hybrid_jax import kernels
+from hybrid_jax.data.mock import SUCCESSOR_PROBS, MarkovSequences
+from hybrid_jax.data.tokenizer import Tokenizer, load_tokenizer
+from hybrid_jax.kernels.reference import l2_normalize
+from hybrid_jax.model import HybridLM
+from hybrid_jax.model.layers import split_heads
+from hybrid_jax.model.plan import MIXERS
+from hybrid_jax.model.stack import BLOCK_NAMES
+
+RECURRENT = MIXERS  # ("gdn", "kda", "mamba2")
+
+
+# --------------------------------------------------------------------------------------------- loading
+def load_config_file(path: str | Path) -> ConfigDict:
+    """``get_config()`` of a config file such as ``configs/demo.py``."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def load_model(workdir: str | Path | None = None, config: str | Path | ConfigDict | None = None,
+               seed: int = 0) -> tuple[HybridLM, ConfigDict]:
+    """The checkpoint in ``workdir`` (newest step, via ``hybrid_jax.load``), else a random init of ``config``."""
+    if workdir:
+        from hybrid_jax.train.load import load
+
+        return load(workdir)
+    if config is None:
+        raise ValueError("load_model needs a workdir (a trained run) or a config (file path or ConfigDict)")
+    config = config if isinstance(config, ConfigDict) else load_config_file(config)
+    return nnx.jit(lambda: HybridLM(config.model, rngs=nnx.Rngs(seed)))(), config  # jit: one compile, not many
+
+
+def tokenizer_of(config: ConfigDict) -> Tokenizer | None:
+    """The run's tokenizer (``data.tokenizer``), or None for mock data."""
+    return load_tokenizer(config.data.tokenizer) if config.data.tokenizer else None
+
+
+def prompt_tokens(config: ConfigDict, text: str | None = None, length: int = 64, index: int = 0) -> np.ndarray:
+    """``[T]`` int32: ``text`` encoded with the run's tokenizer, or mock-chain sequence ``index`` of ``length``
+    tokens (the demo's training distribution) when the run has no tokenizer or no text is given."""
+    tokenizer = tokenizer_of(config)
+    if tokenizer is not None and text:
+        ids = tokenizer.encode(text)
+        return np.asarray(([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids, np.int32)
+    return MarkovSequences(config.model.vocab_size, length, config.train.seed)(index)
+
+
+# --------------------------------------------------------------------------------------------- capture
+@dataclass
+class Trace:
+    """Everything one forward pass of one sequence computed (numpy, batch dimension dropped).
+
+    ``residual[0]`` is the embedding and ``residual[i + 1]`` the stream after sublayer ``i`` (``[T,D]`` each);
+    ``internals[i]`` holds sublayer ``i``'s sown values and module outputs (nested dict, see ``nnx.capture``);
+    ``attention[i]``: ``[H,T,T]`` for each MLA sublayer ``i``.
+    """
+
+    tokens: np.ndarray
+    plan: str
+    kinds: list[str]
+    logits: np.ndarray
+    residual: list[np.ndarray]
+    updates: list[np.ndarray]
+    internals: list[dict]
+    attention: dict[int, np.ndarray] = field(default_factory=dict)
+    mixers: list[nnx.Module] = field(default_factory=list, repr=False)
+
+
+@contextlib.contextmanager
+def attention_capture(model: HybridLM) -> Iterator[None]:
+    """Make every MLA sublayer sow its attention map ``[B,H,T,T]`` for the duration of the block."""
+    blocks = [layer.block for layer in model.layers if layer.kind == "mla"]
+    for block in blocks:
+        block.capture_attention = True
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.capture_attention = False
+
+
+def run(model: HybridLM, tokens: np.ndarray) -> Trace:
+    """Run ``tokens [T]`` through ``model`` and capture every sown value and every submodule's output."""
+    with attention_capture(model):
+        logits, state = _capture(model, jnp.asarray(tokens, jnp.int32)[None])
+    # each sown value is a 1-tuple of a [1, ...] array: keep the array, drop the batch dimension
+    values = jax.tree.map(lambda sown: np.asarray(sown[0][0], np.float32), nnx.to_pure_dict(state),
+                          is_leaf=lambda x: isinstance(x, tuple))
+    layers = [values["layers"][i] for i in range(len(model.layers))]
+    residual = [values["embed"]["__call__"]] + [layer["output"] for layer in layers]
+    internals, updates, attention = [], [], {}
+    for i, (layer, captured) in enumerate(zip(model.layers, layers, strict=True)):
+        name = BLOCK_NAMES[layer.kind]
+        internals.append(captured[name])
+        updates.append(captured[name]["__call__"])
+        if layer.kind == "mla":
+            attention[i] = captured[name]["attention"]
+    return Trace(tokens=np.asarray(tokens), plan=model.plan, kinds=[layer.kind for layer in model.layers],
+                 logits=np.asarray(logits[0], np.float32), residual=residual, updates=updates, internals=internals,
+                 attention=attention, mixers=[layer.block for layer in model.layers])
+
+
+@nnx.jit
+def _capture(model: HybridLM, tokens: jax.Array) -> tuple[jax.Array, nnx.State]:
+    return nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(tokens)
+
+
+def rms(x: np.ndarray) -> np.ndarray:
+    """Root mean square over the last axis."""
+    return np.sqrt(np.mean(np.square(x, dtype=np.float64), axis=-1))
+
+
+def activation_norms(trace: Trace) -> dict[str, np.ndarray]:
+    """``residual [L+1]``: RMS of the stream (embedding, then after each sublayer); ``update [L]``: RMS of each
+    sublayer's ``f(norm(x))``. Both averaged over positions."""
+    return dict(residual=np.array([rms(r).mean() for r in trace.residual]),
+                update=np.array([rms(u).mean() for u in trace.updates]))
+
+
+# --------------------------------------------------------------------------------------------- recurrent layers
+@dataclass
+class RecurrentLayer:
+    """One GDN / KDA / Mamba2 sublayer's dynamics over the sequence. ``HV``: value (SSM) heads."""
+
+    index: int
+    kind: str
+    states: np.ndarray  # [T,HV,K,V] float32
+    log_decay: np.ndarray  # [T,HV] or [T,HV,K] (KDA): g
+    beta: np.ndarray | None  # [T,HV] (GDN, KDA)
+    dt: np.ndarray | None  # [T,HV] (Mamba2)
+
+    @property
+    def state_norm(self) -> np.ndarray:
+        """``||S_t||_F`` per head, ``[T,HV]``."""
+        return np.sqrt(np.sum(np.square(self.states, dtype=np.float64), axis=(-2, -1)))
+
+    @property
+    def memory(self) -> np.ndarray:
+        """Effective memory in tokens per head, ``[T,HV]`` (KDA: mean over key channels)."""
+        m = effective_memory(self.log_decay)
+        return m.mean(-1) if m.ndim == 3 else m
+
+    @property
+    def decay(self) -> np.ndarray:
+        """Per-token decay ``exp(g)`` per head, ``[T,HV]`` (KDA: mean over key channels)."""
+        a = np.exp(self.log_decay)
+        return a.mean(-1) if a.ndim == 3 else a
+
+
+def effective_memory(g: np.ndarray) -> np.ndarray:
+    """``m_t = exp(g_t) m_{t-1} + 1`` with ``m_0 = 0`` along axis 0: tokens the decay lets through. Same shape as g."""
+    a = np.exp(np.asarray(g, np.float64))
+    m = np.empty_like(a)
+    previous = np.zeros_like(a[0])
+    for t in range(len(a)):
+        previous = m[t] = a[t] * previous + 1.0
+    return m
+
+
+def state_trajectory(recurrence, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array | None) -> np.ndarray:
+    """``S_t`` at every step, ``[T,HV,K,V]``, of a recurrence from ``hybrid_jax.kernels`` (no q/k l2 norm: pass k
+    already normalised). ``k: [T,H,K]``, ``v: [T,HV,V]``, ``g: [T,HV(,K)]``, ``beta: [T,HV]`` or None.
+
+    ``o_t = S_t^T q_t`` with scale 1, so the probe ``q = e_i`` reads row ``i`` of ``S_t``; the ``K`` probes run as
+    one batch of ``K`` copies of the sequence.
+    """
+    T, H, K = k.shape
+    probes = jnp.broadcast_to(jnp.eye(K, dtype=jnp.float32)[:, None, None, :], (K, T, H, K))
+    copies = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.float32), (K, *x.shape))
+    extra = () if beta is None else (copies(beta),)
+    o = _probe(recurrence, probes, copies(k), copies(v), copies(g), *extra)
+    return np.asarray(jnp.transpose(o, (1, 2, 0, 3)))  # [K,T,HV,V] -> [T,HV,K,V]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _probe(recurrence, *args: jax.Array) -> jax.Array:
+    return recurrence(*args, scale=1.0, impl="xla")[0]
+
+
+def recurrent_layer(trace: Trace, index: int) -> RecurrentLayer:
+    """The state trajectory, gates and betas of recurrent sublayer ``index`` of ``trace``."""
+    kind, mixer, inner = trace.kinds[index], trace.mixers[index], trace.internals[index]
+    conv = jnp.asarray(inner["conv1d"]["__call__"])[None]  # [1,T,C]: silu(conv([q|k|v])) or silu(conv([x|B|C]))
+    if kind in ("gdn", "kda"):
+        sizes = ((mixer.hk, mixer.dk), (mixer.hk, mixer.dk), (mixer.hv, mixer.dv))
+        _, k, v = (x[0] for x in split_heads(conv, sizes))
+        recurrence = kernels.chunk_gated_delta_rule if kind == "gdn" else kernels.chunk_kda
+        g, beta = inner["g"], inner["beta"]
+        states = state_trajectory(recurrence, l2_normalize(k), v, g, beta)
+        return RecurrentLayer(index, kind, states, g, beta, None)
+    if kind == "mamba2":
+        sizes = ((mixer.nheads, mixer.head_dim), (mixer.groups, mixer.state), (mixer.groups, mixer.state))
+        x, b, _ = (y[0] for y in split_heads(conv, sizes))
+        dt = inner["dt"]
+        g = dt * -np.exp(np.asarray(mixer.A_log[...], np.float32))
+        states = state_trajectory(kernels.chunk_simple_gla, b, dt[..., None] * x, g, None)
+        return RecurrentLayer(index, kind, states, g, None, dt)
+    raise ValueError(f"sublayer {index} is {kind!r}, not a recurrent mixer {RECURRENT}")
+
+
+def recurrent_states(trace: Trace) -> list[RecurrentLayer]:
+    """:func:`recurrent_layer` for every GDN / KDA / Mamba2 sublayer, in depth order."""
+    return [recurrent_layer(trace, i) for i, kind in enumerate(trace.kinds) if kind in RECURRENT]
+
+
+# --------------------------------------------------------------------------------------------- predictions
+def next_token_probs(trace: Trace) -> np.ndarray:
+    """Softmax of the logits, ``[T,V]``: row ``t`` is the distribution of the token after position ``t``."""
+    return np.asarray(jax.nn.softmax(jnp.asarray(trace.logits), axis=-1))
+
+
+def target_probs(trace: Trace) -> np.ndarray:
+    """``[T-1]``: the probability the model gave to the token that actually came next."""
+    probs = next_token_probs(trace)
+    return probs[np.arange(len(trace.tokens) - 1), trace.tokens[1:]]
+
+
+def next_token_table(trace: Trace, config: ConfigDict, k: int = 8, position: int = -1) -> list[tuple[str, float]]:
+    """The ``k`` most likely next tokens after ``position`` as ``(label, probability)``, most likely first.
+
+    Labels are decoded text with the run's tokenizer, else ``id N`` (plus ``*`` for a true successor in the mock
+    chain, whose probabilities are ``hybrid_jax.data.mock.SUCCESSOR_PROBS``).
+    """
+    probs = next_token_probs(trace)[position]
+    top = np.argsort(probs)[::-1][:k]
+    tokenizer = tokenizer_of(config)
+    if tokenizer is not None:
+        return [(repr(tokenizer.decode([int(i)])), float(probs[i])) for i in top]
+    successors = set(MarkovSequences(config.model.vocab_size, 2, config.train.seed).successors[
+        trace.tokens[position]].tolist())
+    return [(f"id {i}{' *' if i in successors else ''}", float(probs[i])) for i in top]
+
+
+def chain_probs(tokens: np.ndarray, config: ConfigDict) -> np.ndarray:
+    """``[T-1]``: the mock chain's own probability of each transition ``tokens[t] -> tokens[t+1]``."""
+    successors = MarkovSequences(config.model.vocab_size, 2, config.train.seed).successors[tokens[:-1]]
+    hit = successors == tokens[1:, None]
+    return np.where(hit.any(-1), np.asarray(SUCCESSOR_PROBS)[hit.argmax(-1)], 0.0)
+
+
+# --------------------------------------------------------------------------------------------- plots
+def _sublayer_labels(trace: Trace) -> list[str]:
+    return [f"{i}{ch}" for i, ch in enumerate(trace.plan)]
+
+
+def plot_activation_norms(trace: Trace) -> Figure:
+    """Residual-stream RMS along depth (line) and each sublayer's update RMS (bars, coloured by kind)."""
+    norms = activation_norms(trace)
+    colors = {"mla": "tab:red", "mlp": "tab:gray", "gdn": "tab:blue", "kda": "tab:green", "mamba2": "tab:purple"}
+    fig = Figure(figsize=(9, 4), layout="constrained")
+    ax = fig.add_subplot()
+    depth = np.arange(len(trace.kinds))
+    ax.bar(depth + 1, norms["update"], color=[colors[k] for k in trace.kinds], alpha=0.6, label="sublayer update")
+    ax.plot(np.arange(len(trace.residual)), norms["residual"], "k.-", label="residual stream")
+    ax.set_xticks(np.arange(len(trace.residual)), ["emb"] + _sublayer_labels(trace))
+    ax.set_xlabel("after sublayer (index + plan character)")
+    ax.set_ylabel("RMS over channels, mean over tokens")
+    ax.set_title("Activation norms along depth  (bars: " + ", ".join(
+        f"{k}={c.split(':')[1]}" for k, c in colors.items() if k in trace.kinds) + ")")
+    ax.legend()
+    return fig
+
+
+def plot_recurrent_states(layers: list[RecurrentLayer]) -> Figure:
+    """One row per recurrent layer: ``||S_t||_F`` per head over time, and effective memory per head over time."""
+    fig = Figure(figsize=(10, 2.6 * max(len(layers), 1)), layout="constrained")
+    axes = fig.subplots(max(len(layers), 1), 2, squeeze=False)
+    for row, layer in zip(axes, layers, strict=False):
+        row[0].plot(layer.state_norm)
+        row[0].set_ylabel(f"sublayer {layer.index} {layer.kind}\n||S_t||_F")
+        row[1].plot(layer.memory)
+        row[1].set_yscale("log")
+        row[1].set_ylabel("effective memory (tokens)")
+    axes[0, 0].set_title("recurrent state norm per head")
+    axes[0, 1].set_title("effective memory per head (decay only)")
+    for ax in axes[-1]:
+        ax.set_xlabel("position t")
+    return fig
+
+
+def plot_gates(layers: list[RecurrentLayer]) -> Figure:
+    """One row per recurrent layer: decay ``exp(g)`` [head x time], and beta (GDN/KDA) or dt (Mamba2)."""
+    fig = Figure(figsize=(10, 2.4 * max(len(layers), 1)), layout="constrained")
+    axes = fig.subplots(max(len(layers), 1), 2, squeeze=False)
+    for row, layer in zip(axes, layers, strict=False):
+        image = row[0].imshow(layer.decay.T, aspect="auto", interpolation="nearest", vmin=0, vmax=1, cmap="viridis")
+        fig.colorbar(image, ax=row[0])
+        row[0].set_ylabel(f"sublayer {layer.index} {layer.kind}\nhead")
+        second, name = (layer.beta, "beta") if layer.beta is not None else (layer.dt, "dt")
+        image = row[1].imshow(second.T, aspect="auto", interpolation="nearest", cmap="magma")
+        fig.colorbar(image, ax=row[1], label=name)
+        for ax in row:
+            ax.set_yticks(np.arange(layer.decay.shape[1]))
+    axes[0, 0].set_title("decay exp(g) per token (KDA: mean over key channels)")
+    axes[0, 1].set_title("beta (GDN, KDA) / dt (Mamba2)")
+    for ax in axes[-1]:
+        ax.set_xlabel("position t")
+    return fig
+
+
+def plot_attention(trace: Trace, max_heads: int = 8) -> Figure:
+    """One row per MLA layer, one column per head: the causal attention probabilities (query down, key across)."""
+    rows = sorted(trace.attention)
+    heads = min(max_heads, max((trace.attention[i].shape[0] for i in rows), default=1))
+    fig = Figure(figsize=(2.2 * heads, 2.4 * max(len(rows), 1)), layout="constrained")
+    axes = fig.subplots(max(len(rows), 1), heads, squeeze=False)
+    for r, index in enumerate(rows):
+        for h in range(heads):
+            axes[r, h].imshow(trace.attention[index][h], cmap="Blues", norm=PowerNorm(0.5, vmin=0, vmax=1),
+                              interpolation="nearest")
+            axes[r, h].set_title(f"sublayer {index} head {h}", fontsize=8)
+            axes[r, h].set_xticks([])
+            axes[r, h].set_yticks([])
+    axes[0, 0].set_ylabel("query position")
+    axes[-1, 0].set_xlabel("key position")
+    fig.suptitle("MLA attention maps (colour: sqrt of the probability)")
+    return fig
+
+
+def plot_next_token(trace: Trace, config: ConfigDict, k: int = 8) -> Figure:
+    """Left: the ``k`` most likely next tokens after the prompt. Right: the probability of each actual next token."""
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=(1, 2))
+    labels, probs = zip(*next_token_table(trace, config, k), strict=True)
+    left.barh(np.arange(len(labels))[::-1], probs, color="tab:blue")
+    left.set_yticks(np.arange(len(labels))[::-1], labels, fontsize=8)
+    left.set_xlim(0, 1)
+    left.set_xlabel("probability")
+    left.set_title(f"next token after position {len(trace.tokens) - 1}")
+    positions = np.arange(1, len(trace.tokens))
+    right.plot(positions, target_probs(trace), ".-", label="model")
+    if tokenizer_of(config) is None:
+        right.plot(positions, chain_probs(trace.tokens, config), "x", color="gray", label="mock chain (the truth)")
+        right.legend(loc="upper right")
+    right.set_ylim(0, 1)
+    right.set_xlabel("position of the predicted token")
+    right.set_ylabel("p(actual next token)")
+    right.set_title("probability of the token that came next")
+    return fig
+
+
+def save_figure(fig: Figure, directory: str | Path, name: str) -> Path:
+    """Write ``fig`` as ``directory/name.png`` (directory created) and return the path."""
+    path = Path(directory) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
