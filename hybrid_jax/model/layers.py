@@ -125,14 +125,14 @@ class ShortConv(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        K = self.kernel.shape[0]
-        T = x.shape[1]
-        w = self.kernel[...].astype(self.dtype)
-        xp = jnp.pad(x.astype(self.dtype), ((0, 0), (K - 1, 0), (0, 0)))
+        """Sums and SiLU in float32; the result in the compute dtype."""
+        K, T = self.kernel.shape[0], x.shape[1]
+        w = self.kernel[...].astype(jnp.float32)
+        xp = jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0)))
         y = sum(xp[:, j : j + T] * w[j] for j in range(K))
         if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
-        return jax.nn.silu(y)
+            y = y + self.bias[...].astype(jnp.float32)
+        return jax.nn.silu(y).astype(self.dtype)
 
 
 # --------------------------------------------------------------------------------------------- MLP

@@ -141,8 +141,8 @@ def test_demo_forward_backward(demo_grads):
     loss, grads = demo_grads
     assert np.isfinite(float(loss))
     for path, g in nnx.to_flat_state(grads):
-        assert g.dtype == jnp.float32 and bool(jnp.isfinite(g[...]).all()), path
-        assert float(jnp.abs(g[...]).max()) > 0, path
+        g = np.asarray(g[...])
+        assert g.dtype == np.float32 and np.isfinite(g).all() and np.abs(g).max() > 0, path
 
 
 def test_remat_changes_memory_not_numbers():
@@ -168,7 +168,7 @@ def test_bfloat16_compute_path():
     assert shapes[0].dtype == jnp.float32 and shapes[1].dtype == jnp.bfloat16
     loss, grads = loss_and_grad(model)(toks)
     assert abs(float(loss) - np.log(cfg.vocab_size)) < 0.3
-    assert all(g.dtype == jnp.float32 and bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+    assert all(g.dtype == np.float32 and np.isfinite(g).all() for g in map(np.asarray, jax.tree.leaves(grads)))
 
 
 def test_300m_gdn_forward_backward():
@@ -177,8 +177,8 @@ def test_300m_gdn_forward_backward():
     model = HybridLM(cfg, rngs=nnx.Rngs(0))
     loss, grads = loss_and_grad(model)(tokens(cfg, (1, 33)))
     assert abs(float(loss) - np.log(cfg.vocab_size)) < 0.5
-    leaves = jax.tree.leaves(grads)
+    leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
     assert len(leaves) == 12 * (7 + 3) + 2
-    assert all(bool(jnp.isfinite(g).all()) for g in leaves)
-    gnorm = float(jnp.sqrt(sum(jnp.sum(g * g) for g in leaves)))
+    assert all(np.isfinite(g).all() for g in leaves)
+    gnorm = np.sqrt(sum((g * g).sum() for g in leaves))
     assert 0 < gnorm < 1e3
