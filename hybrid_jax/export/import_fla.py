@@ -37,13 +37,20 @@ def _dotted(path: tuple) -> str:
 
 def import_fla(fla_dir: str | Path, workdir: str | Path, config: ConfigDict | None = None) -> ConfigDict:
     """Write the FLA checkpoint in ``fla_dir`` as a resumable step-0 checkpoint in ``workdir``; returns the config."""
+    config, params = load_fla(fla_dir, config)
+    write_workdir(config, params, workdir)
+    return config
+
+
+def write_workdir(config: ConfigDict, params: dict, workdir: str | Path) -> None:
+    """A fresh run directory whose step-0 checkpoint holds ``params`` (flat dict) and a fresh optimizer state; the
+    trainer resumes from it with ``config`` (``config.train.workdir`` is set to ``workdir``)."""
     from hybrid_jax.data import make_train_iterator
     from hybrid_jax.train import mesh as mesh_lib
     from hybrid_jax.train.checkpoint import Checkpointer
     from hybrid_jax.train.optim import make_optimizer
     from hybrid_jax.train.step import init_state
 
-    config, params = load_fla(fla_dir, config)
     config.train.workdir = str(workdir)
     workdir = Path(workdir)
     if (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir()):
@@ -63,4 +70,3 @@ def import_fla(fla_dir: str | Path, workdir: str | Path, config: ConfigDict | No
     finally:
         checkpointer.close()
     (workdir / "config.json").write_text(to_json(config))
-    return config

@@ -1,0 +1,48 @@
+"""``python -m hybrid_jax.eval --workdir DIR --tasks arc_easy,arc_challenge,piqa [--limit N] [--batch-size B]``.
+
+``--hf EXPORT_DIR`` scores an exported HF directory with lm-eval's ``hf`` model instead of the JAX model.
+``--data-dir DIR`` (or ``HYBRID_JAX_EVAL_DATA``): local ARC/PIQA jsonl files for the bundled task YAMLs.
+Results are printed as a table and written as JSON next to the checkpoints (``WORKDIR/eval/step_<N>_<backend>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hybrid_jax.eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", help="training run directory (the JAX model is scored unless --hf is given)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    p.add_argument("--hf", metavar="EXPORT_DIR", help="score this exported HF directory (lm-eval 'hf' model)")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
+    p.add_argument("--limit", type=int, default=None, help="documents per task")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--data-dir", default=None, help="directory with the local task data (ARC, PIQA jsonl)")
+    args = p.parse_args(argv)
+    if not args.workdir and not args.hf:
+        p.error("give --workdir or --hf")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from hybrid_jax.eval.run import evaluate
+
+    try:
+        record = evaluate(tasks=[t for t in args.tasks.split(",") if t], workdir=args.workdir, step=args.step,
+                          hf_dir=args.hf, limit=args.limit, batch_size=args.batch_size, num_fewshot=args.num_fewshot,
+                          data_dir=args.data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    for task, metrics in record["results"].items():
+        shown = ", ".join(f"{k.split(',')[0]} {v:.4f}" for k, v in metrics.items()
+                          if isinstance(v, float) and "stderr" not in k)
+        print(f"{task}: {shown}")
+    print(f"results written to {record['path']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Run lm-eval tasks on a checkpoint (JAX model directly) or on an exported HF directory; write the results as JSON.
+
+Local task files (``tasks/*.yaml``, ``dataset_path: json``) are used for the tasks they define when a data directory
+is given (``data_dir`` or the ``HYBRID_JAX_EVAL_DATA`` environment variable): ``${DATA_DIR}`` in them is replaced by
+that directory. Any other lm-eval task name works when its data is reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+TASKS_DIR = Path(__file__).with_name("tasks")
+DATA_ENV = "HYBRID_JAX_EVAL_DATA"
+
+
+def local_task_dir(data_dir: str | Path, out: Path) -> Path:
+    """Write the local task YAMLs with ``${DATA_DIR}`` filled in into ``out``; returns ``out``."""
+    data_dir = Path(data_dir).resolve()
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"eval data directory {data_dir} not found")
+    out.mkdir(parents=True, exist_ok=True)
+    for yaml in TASKS_DIR.glob("*.yaml"):
+        (out / yaml.name).write_text(yaml.read_text().replace("${DATA_DIR}", str(data_dir)))
+    return out
+
+
+def task_manager(tasks: list[str], data_dir: str | Path | None, scratch: Path):
+    """An lm-eval ``TaskManager`` that knows our local tasks (when there is a data dir) and, if any requested task is
+    not local, lm-eval's own."""
+    from lm_eval.tasks import TaskManager
+
+    data_dir = data_dir or os.environ.get(DATA_ENV)
+    if not data_dir:
+        return TaskManager()
+    local = {p.stem for p in TASKS_DIR.glob("*.yaml")}
+    return TaskManager(include_path=str(local_task_dir(data_dir, scratch)),
+                       include_defaults=not set(tasks) <= local)
+
+
+def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int | None = None,
+             hf_dir: str | Path | None = None, limit: int | None = None, batch_size: int = 8,
+             num_fewshot: int | None = None, data_dir: str | Path | None = None, seed: int = 1234) -> dict:
+    """Evaluate the checkpoint of ``workdir`` (JAX) or the export ``hf_dir`` (lm-eval's ``hf`` model with
+    ``trust_remote_code``) on ``tasks``. Returns ``{"backend", "step", "tasks", "limit", "results": {task: metrics}}``
+    and writes it as ``WORKDIR/eval/step_<N>_<backend>.json`` (or ``HF_DIR/eval_results.json`` with no workdir)."""
+    import tempfile
+
+    import lm_eval
+
+    if workdir is None and hf_dir is None:
+        raise ValueError("give a workdir (JAX model) or an exported HF directory")
+    backend = "hf" if hf_dir else "jax"
+    if hf_dir:
+        import torch
+
+        model = "hf"
+        model_args = dict(pretrained=str(hf_dir), trust_remote_code=True, dtype="float32",
+                          device="cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        model, step = _jax_lm(workdir, step, batch_size)
+        model_args = None
+    with tempfile.TemporaryDirectory() as scratch:
+        out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, limit=limit,
+                                      num_fewshot=num_fewshot, batch_size=batch_size,
+                                      task_manager=task_manager(tasks, data_dir, Path(scratch)), random_seed=seed,
+                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                                      log_samples=False)
+    record = dict(backend=backend, step=step, source=str(hf_dir or workdir), tasks=tasks, limit=limit,
+                  num_fewshot=num_fewshot, results=out["results"], n_samples=out.get("n-samples"))
+    path = (Path(workdir) / "eval" / f"step_{step}_{backend}.json") if workdir else Path(hf_dir) / "eval_results.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    record["path"] = str(path)
+    return record
+
+
+def _jax_lm(workdir: str | Path, step: int | None, batch_size: int):
+    from hybrid_jax.data.tokenizer import check_vocab, load_tokenizer
+    from hybrid_jax.eval.lm import HybridJaxLM
+    from hybrid_jax.train.checkpoint import Checkpointer
+    from hybrid_jax.train.load import load
+
+    if step is None:
+        checkpointer = Checkpointer(workdir, read_only=True)
+        step = checkpointer.latest_step()
+        checkpointer.close()
+    model, config = load(workdir, step)
+    if not config.data.tokenizer:
+        raise ValueError(f"the run in {workdir} has no tokenizer (data.tokenizer is empty): nothing to score text with")
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    check_vocab(config.model.vocab_size, tokenizer.vocab_size)
+    return HybridJaxLM(model, tokenizer, batch_size=batch_size, max_length=config.train.seq_len), step

@@ -1,0 +1,63 @@
+"""End to end on CPU: a demo-config run directory (Llama-2 tokenizer), score ARC-Easy and PIQA
+from the local files with the JAX model, export to HF, score the export with lm-eval's ``hf`` model: same scores."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("torch")
+
+from hybrid_jax.eval.lm import bucket_length  # noqa: E402
+from tests.conftest import load_config  # noqa: E402
+
+TASKS = "arc_easy,piqa"
+
+
+@pytest.fixture(scope="module")
+def run_dir(shared_data, tmp_path_factory):
+    """A run directory (step-0 checkpoint) of the random-init demo model with the Llama-2 tokenizer; one metrics line
+    stands in for training (the trainer's own tests cover training)."""
+    from flax import nnx
+
+    from hybrid_jax.export.import_fla import write_workdir
+    from hybrid_jax.export.tensors import flat_params
+    from hybrid_jax.model import HybridLM
+
+    cfg = load_config("demo")
+    cfg.model.vocab_size = 32000
+    cfg.data.tokenizer = str(shared_data / "tokenizers" / "llama2" / "tokenizer.model")
+    cfg.train.update(dict(global_batch_size=8, micro_batch_size=1, seq_len=128))
+    workdir = tmp_path_factory.mktemp("run")
+    write_workdir(cfg, flat_params(HybridLM(cfg.model, rngs=nnx.Rngs(0))), workdir)
+    (workdir / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 10.375}) + "\n")
+    return workdir
+
+
+def test_bucket_length():
+    assert [bucket_length(n, 128) for n in (1, 32, 33, 100, 128, 500)] == [32, 32, 64, 128, 128, 128]
+
+
+def test_eval_jax_and_hf_export_agree(run_dir, shared_data, capsys):
+    from hybrid_jax.eval.__main__ import main as eval_main
+    from hybrid_jax.export.__main__ import main as export_main
+
+    data = str(shared_data / "eval")
+    eval_main(["--workdir", str(run_dir), "--tasks", TASKS, "--limit", "8", "--batch-size", "4", "--data-dir", data])
+    jax_record = json.loads((run_dir / "eval" / "step_0_jax.json").read_text())
+    assert "arc_easy: acc" in capsys.readouterr().out
+
+    export_dir = run_dir / "hf"
+    export_main(["--workdir", str(run_dir), "--out", str(export_dir)])
+    card = (export_dir / "README.md").read_text()
+    assert "Final training loss: 10.3750 (step 0)" in card and "Steps: 0 of 300" in card
+    assert (export_dir / "tokenizer.model").is_file()
+
+    eval_main(["--hf", str(export_dir), "--tasks", TASKS, "--limit", "8", "--batch-size", "4", "--data-dir", data])
+    hf_record = json.loads((export_dir / "eval_results.json").read_text())
+    for task in TASKS.split(","):
+        ours, theirs = jax_record["results"][task], hf_record["results"][task]
+        for metric in ("acc,none", "acc_norm,none"):
+            assert 0.0 <= ours[metric] <= 1.0
+            np.testing.assert_allclose(theirs[metric], ours[metric], atol=1e-9, err_msg=f"{task} {metric}")
