@@ -14,12 +14,12 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 for w in $what; do
   case $w in
-    kernels)   timeout 300 python3 benchmarks/kernels.py 2>&1 | tee "$OUT/ours_kernels.log" ;;
-    attention) timeout 200 python3 benchmarks/attention.py 2>&1 | tee "$OUT/ours_attention.log" ;;
-    train)     timeout 300 python3 benchmarks/train_throughput.py --config configs/zebra_300m_gdn.py 2>&1 \
+    kernels)   timeout 240 python3 benchmarks/kernels.py 2>&1 | tee "$OUT/ours_kernels.log" ;;
+    attention) timeout 150 python3 benchmarks/attention.py 2>&1 | tee "$OUT/ours_attention.log" ;;
+    train)     timeout 200 python3 benchmarks/train_throughput.py --config configs/zebra_300m_gdn.py 2>&1 \
                  | tee "$OUT/ours_train.log" ;;
     anchors)   timeout 240 python3 .anchors/fla_kernels.py 2>&1 | tee "$OUT/fla_kernels.log"
                timeout 120 python3 .anchors/jax_attention.py 2>&1 | tee "$OUT/jax_attention.log" ;;
-    fla_train) timeout 300 python3 .anchors/fla_training.py 32 gdn 2>&1 | tee "$OUT/fla_train.log" ;;
+    fla_train) timeout 150 python3 .anchors/fla_training.py 32 gdn 2>&1 | tee "$OUT/fla_train.log" ;;
   esac
 done
