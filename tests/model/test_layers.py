@@ -60,6 +60,17 @@ def _softplus(x):
     return np.log1p(np.exp(x))
 
 
+def _conv_silu(x, kernel, bias=0.0):
+    """Depthwise causal conv + SiLU, ``x: [B,T,C]``, ``kernel: [K,C]``."""
+    K = kernel.shape[0]
+    xp = np.pad(x, ((0, 0), (K - 1, 0), (0, 0)))
+    return _silu(sum(xp[:, j:j + x.shape[1]] * kernel[j] for j in range(K)) + bias)
+
+
+def _rms(x, eps):
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
+
+
 def test_mamba2_matches_token_by_token_ssm(cfg):
     """SSD through simple GLA (grouping, scale 1, D skip, gate-first group norm) against Mamba2's recurrence."""
     m = Mamba2(cfg, rngs=nnx.Rngs(3))
@@ -68,9 +79,7 @@ def test_mamba2_matches_token_by_token_ssm(cfg):
     d_in, nh, hd, G, N = m.d_in, m.nheads, m.head_dim, m.groups, m.state
     proj = np.asarray(x, np.float64) @ _np(m.in_proj.kernel)
     z, xbc, dt = proj[..., :d_in], proj[..., d_in:2 * d_in + 2 * G * N], proj[..., 2 * d_in + 2 * G * N:]
-    K = m.conv1d.kernel.shape[0]
-    xp = np.pad(xbc, ((0, 0), (K - 1, 0), (0, 0)))
-    xbc = _silu(sum(xp[:, j:j + T] * _np(m.conv1d.kernel)[j] for j in range(K)) + _np(m.conv1d.bias))
+    xbc = _conv_silu(xbc, _np(m.conv1d.kernel), _np(m.conv1d.bias))
     xs = xbc[..., :d_in].reshape(B, T, nh, hd)
     Bm = xbc[..., d_in:d_in + G * N].reshape(B, T, G, N)
     Cm = xbc[..., d_in + G * N:].reshape(B, T, G, N)
@@ -84,42 +93,88 @@ def test_mamba2_matches_token_by_token_ssm(cfg):
         S = decay * S + (dt[:, t, :, None] * xs[:, t])[..., None] * Bm[:, t, group][:, :, None, :]
         ys[:, t] = np.einsum("bhpn,bhn->bhp", S, Cm[:, t, group]) + _np(m.D)[:, None] * xs[:, t]
     g = (ys.reshape(B, T, d_in) * _silu(z)).reshape(B, T, G, d_in // G)
-    g = g / np.sqrt((g**2).mean(-1, keepdims=True) + m.norm.eps)
+    g = _rms(g, m.norm.eps)
     ref = (g.reshape(B, T, d_in) * _np(m.norm.weight)) @ _np(m.out_proj.kernel)
     assert rel_err(y, ref) < 1e-4
 
 
+def _delta_rule(q, k, v, g, beta):
+    """Token-by-token gated delta rule with l2-normalised q/k and grouped value heads (the spec, in float64).
+
+    ``q, k: [B,T,Hk,dk]``, ``v: [B,T,Hv,dv]``, ``g: [B,T,Hv]`` or ``[B,T,Hv,dk]``, ``beta: [B,T,Hv]``.
+    """
+    hk, dk, hv = q.shape[2], q.shape[3], v.shape[2]
+    l2 = lambda u: u / np.sqrt((u**2).sum(-1, keepdims=True) + 1e-6)
+    head = np.arange(hv) // (hv // hk)
+    q, k = l2(q)[:, :, head] * dk**-0.5, l2(k)[:, :, head]
+    decay = np.exp(g)[..., None] if g.ndim == 4 else np.exp(g)[..., None, None]
+    S = np.zeros((q.shape[0], hv, dk, v.shape[3]))
+    o = np.zeros(v.shape)
+    for t in range(q.shape[1]):
+        S = S * decay[:, t]
+        err = v[:, t] - np.einsum("bhk,bhkv->bhv", k[:, t], S)
+        S = S + np.einsum("bhk,bhv->bhkv", beta[:, t, :, None] * k[:, t], err)
+        o[:, t] = np.einsum("bhk,bhkv->bhv", q[:, t], S)
+    return o
+
+
 def test_gdn_matches_token_by_token_delta_rule(cfg):
-    """Projection split order, grouped value heads, l2norm, gates and the gated output norm against the spec."""
+    """Projection split order, grouped value heads, gates and the silu-gated output norm against the spec."""
     m = GatedDeltaNet(cfg, rngs=nnx.Rngs(5))
     x = jax.random.normal(jax.random.key(6), (B, T, cfg.hidden_size))
-    y = apply(m, x)
     hk, dk, hv, dv = m.hk, m.dk, m.hv, m.dv
     proj = np.asarray(x, np.float64) @ _np(m.in_proj.kernel)
-    sizes = np.cumsum([hk * dk, hk * dk, hv * dv, hv * dv, hv])
-    q, k, v, z, b, a = np.split(proj, sizes, axis=-1)
-    qkv = np.concatenate([q, k, v], -1)
-    K = m.conv1d.kernel.shape[0]
-    xp = np.pad(qkv, ((0, 0), (K - 1, 0), (0, 0)))
-    qkv = _silu(sum(xp[:, j:j + T] * _np(m.conv1d.kernel)[j] for j in range(K)))
-    q, k, v = np.split(qkv, np.cumsum([hk * dk, hk * dk]), axis=-1)
-    l2 = lambda u: u / np.sqrt((u**2).sum(-1, keepdims=True) + 1e-6)
-    q, k = l2(q.reshape(B, T, hk, dk)) * dk**-0.5, l2(k.reshape(B, T, hk, dk))
-    v = v.reshape(B, T, hv, dv)
-    beta = 1 / (1 + np.exp(-b))
+    qkv, z, b, a = np.split(proj, np.cumsum([2 * hk * dk + hv * dv, hv * dv, hv]), axis=-1)
+    q, k, v = np.split(_conv_silu(qkv, _np(m.conv1d.kernel)), np.cumsum([hk * dk, hk * dk]), axis=-1)
     g = -np.exp(_np(m.A_log)) * _softplus(a + _np(m.dt_bias))
-    head = np.arange(hv) // (hv // hk)
-    S = np.zeros((B, hv, dk, dv))
-    o = np.zeros((B, T, hv, dv))
-    for t in range(T):
-        S = S * np.exp(g[:, t])[:, :, None, None]
-        kt = k[:, t, head]
-        err = v[:, t] - np.einsum("bhk,bhkv->bhv", kt, S)
-        S = S + np.einsum("bhk,bhv->bhkv", beta[:, t, :, None] * kt, err)
-        o[:, t] = np.einsum("bhk,bhkv->bhv", q[:, t, head], S)
-    o = o / np.sqrt((o**2).mean(-1, keepdims=True) + cfg.norm_eps) * _np(m.out_norm.weight)
-    ref = (o * _silu(z.reshape(B, T, hv, dv))).reshape(B, T, hv * dv) @ _np(m.out_proj.kernel)
-    assert rel_err(y, ref) < 1e-4
+    o = _delta_rule(q.reshape(B, T, hk, dk), k.reshape(B, T, hk, dk), v.reshape(B, T, hv, dv), g,
+                    1 / (1 + np.exp(-b)))
+    o = _rms(o, cfg.norm_eps) * _np(m.out_norm.weight) * _silu(z.reshape(B, T, hv, dv))
+    assert rel_err(apply(m, x), o.reshape(B, T, hv * dv) @ _np(m.out_proj.kernel)) < 1e-4
+
+
+def test_kda_matches_token_by_token_delta_rule(cfg):
+    """KDA: low-rank per-channel decay gate, sigmoid output gate with bias, against the spec."""
+    m = KimiDeltaAttention(cfg, rngs=nnx.Rngs(7))
+    x = jax.random.normal(jax.random.key(8), (B, T, cfg.hidden_size))
+    hk, dk, hv, dv = m.hk, m.dk, m.hv, m.dv
+    proj = np.asarray(x, np.float64) @ _np(m.in_proj.kernel)
+    qkv, f_a, g_a, b = np.split(proj, np.cumsum([2 * hk * dk + hv * dv, dv, dv]), axis=-1)
+    q, k, v = np.split(_conv_silu(qkv, _np(m.conv1d.kernel)), np.cumsum([hk * dk, hk * dk]), axis=-1)
+    f = (f_a @ _np(m.f_b_proj.kernel)).reshape(B, T, hv, dk)
+    g = -np.exp(_np(m.A_log))[:, None] * _softplus(f + _np(m.dt_bias).reshape(hv, dk))
+    o = _delta_rule(q.reshape(B, T, hk, dk), k.reshape(B, T, hk, dk), v.reshape(B, T, hv, dv), g,
+                    1 / (1 + np.exp(-b)))
+    gate = 1 / (1 + np.exp(-(g_a @ _np(m.g_b_proj.kernel) + _np(m.g_b_proj.bias))))
+    o = _rms(o, cfg.norm_eps) * _np(m.out_norm.weight) * gate.reshape(B, T, hv, dv)
+    assert rel_err(apply(m, x), o.reshape(B, T, hv * dv) @ _np(m.out_proj.kernel)) < 1e-4
+
+
+def test_mla_matches_direct_attention(cfg):
+    """Head layouts ([nope | rope] queries, [k_nope | v] keys/values), the shared rope key and the softmax scale."""
+    m = MLA(cfg, rngs=nnx.Rngs(9))
+    x = jax.random.normal(jax.random.key(10), (B, T, cfg.hidden_size))
+    H, dn, dr, dv, r = m.num_heads, m.nope, m.rope, m.v_dim, m.kv_lora_rank
+    x64 = np.asarray(x, np.float64)
+    q = (_rms(x64 @ _np(m.linear_q_down_proj.kernel), cfg.norm_eps) * _np(m.q_layernorm.weight)
+         @ _np(m.linear_q_up_proj.kernel)).reshape(B, T, H, dn + dr)
+    down = x64 @ _np(m.linear_kv_down_proj.kernel)
+    kv = (_rms(down[..., :r], cfg.norm_eps) * _np(m.kv_layernorm.weight)
+          @ _np(m.linear_kv_up_proj.kernel)).reshape(B, T, H, dn + dv)
+    angle = np.arange(T)[:, None] * (1.0 / cfg.mla.rope_theta ** (np.arange(0, dr, 2) / dr))[None]
+    cos, sin = np.cos(angle)[None, :, None], np.sin(angle)[None, :, None]
+
+    def rope(u):  # [B,T,h,dr], rotate-half
+        u1, u2 = u[..., : dr // 2], u[..., dr // 2:]
+        return np.concatenate([u1 * cos - u2 * sin, u2 * cos + u1 * sin], -1)
+
+    qf = np.concatenate([q[..., :dn], rope(q[..., dn:])], -1)
+    kf = np.concatenate([kv[..., :dn], np.broadcast_to(rope(down[..., None, r:]), (B, T, H, dr))], -1)
+    s = np.einsum("bqhd,bkhd->bhqk", qf, kf) / np.sqrt(dn + dr)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    o = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), kv[..., dn:])
+    assert rel_err(apply(m, x), o.reshape(B, T, H * dv) @ _np(m.linear_proj.kernel)) < 1e-4
 
 
 def test_plain_rope_is_exact_at_factor_one(cfg):
