@@ -139,4 +139,10 @@ def make_train_step(
         return out, metrics
 
     batch_sh = mesh_lib.batch_sharding(mesh)
-    return jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
+    jitted = jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
+
+    def run(state: State, batch: jax.Array) -> tuple[State, dict[str, jax.Array]]:
+        with jax.set_mesh(mesh):  # traced under the mesh: the Pallas kernels then run per batch shard (shard_map)
+            return jitted(state, batch)
+
+    return run
