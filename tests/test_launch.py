@@ -74,6 +74,20 @@ def test_single_process_needs_no_initialisation():
     assert launch.initialize({}) is None  # and does not touch jax.distributed
 
 
+def test_initialize_passes_the_arguments_to_jax(monkeypatch: pytest.MonkeyPatch):
+    import jax
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+    for key, value in slurm_env(6).items():
+        monkeypatch.setenv(key, value)
+    from hybrid_jax.train.mesh import maybe_initialize_distributed
+
+    maybe_initialize_distributed()  # what the trainer calls first
+    assert calls == [dict(coordinator_address=f"gpu01:{launch.DEFAULT_PORT}", num_processes=8, process_id=6,
+                          local_device_ids=(2,))]
+
+
 def test_explicit_variables_win_over_slurm():
     env = launch.process_env(1, 2, 1234, cpu=False, base=slurm_env(3))
     assert launch.distributed_args(env) == launch.DistributedArgs("127.0.0.1:1234", 2, 1, (1,))
