@@ -95,9 +95,11 @@ def prompt_tokens(config: ConfigDict, text: str | None = None, length: int = 64,
 class Trace:
     """Everything one forward pass of one sequence computed (numpy, batch dimension dropped).
 
-    ``residual[0]`` is the embedding and ``residual[i + 1]`` the stream after sublayer ``i`` (``[T,D]`` each);
-    ``internals[i]`` holds sublayer ``i``'s sown values and module outputs (nested dict, see ``nnx.capture``);
-    ``attention[i]``: ``[H,T,T]`` for each MLA sublayer ``i``.
+    ``tokens [T]``; ``logits [T,V]``; ``residual[0]`` is the embedding and ``residual[i + 1]`` the stream after
+    sublayer ``i``, ``updates[i]`` sublayer ``i``'s ``f(norm(x))`` (``[T,D]`` each); ``internals[i]`` holds the
+    block's sown values and its submodules' outputs (nested dict as ``nnx.capture`` names them, e.g.
+    ``["conv1d"]["__call__"]``); ``attention[i]``: ``[H,T,T]`` for each MLA sublayer ``i``; ``mixers[i]`` the
+    block module itself (for its head sizes and ``A_log``).
     """
 
     tokens: np.ndarray
