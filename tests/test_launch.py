@@ -101,6 +101,28 @@ def test_launcher_reports_the_first_failure():
     assert launch.main(["--nproc", "2", "--cpu", "--", sys.executable, "-c", "pass"]) == 0
 
 
+GATHER = """
+import json, sys
+from hybrid_jax.launch import initialize
+initialize()
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils
+ids = multihost_utils.process_allgather(jnp.array([jax.process_index() + 10]))
+json.dump(dict(count=jax.process_count(), devices=jax.device_count(), ids=ids.ravel().tolist()),
+          open(f"{sys.argv[1]}/{jax.process_index()}.json", "w"))
+"""
+
+
+def test_launcher_starts_a_two_process_jax_job(tmp_path: Path):
+    """``python -m hybrid_jax.launch --nproc 2``: both processes join one jax.distributed job and all-gather."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    done = subprocess.run([sys.executable, "-m", "hybrid_jax.launch", "--nproc", "2", "--cpu", "--", sys.executable,
+                           "-c", GATHER, str(tmp_path)], cwd=REPO, env=env, timeout=300)
+    assert done.returncode == 0
+    for rank in range(2):
+        assert json.loads((tmp_path / f"{rank}.json").read_text()) == dict(count=2, devices=2, ids=[10, 11])
+
+
 def _losses(workdir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
