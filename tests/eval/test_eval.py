@@ -26,7 +26,7 @@ def run_dir(shared_data, tmp_path_factory):
     from hybrid_jax.model import HybridLM
 
     cfg = load_config("demo")
-    cfg.model.vocab_size = 32000
+    cfg.model.update(dict(vocab_size=32000, pattern="*-G-", num_layers=4))  # MLA + GDN: fewer compiles than the demo
     cfg.data.tokenizer = str(shared_data / "tokenizers" / "llama2" / "tokenizer.model")
     cfg.train.update(dict(global_batch_size=8, micro_batch_size=1, seq_len=128))
     workdir = tmp_path_factory.mktemp("run")

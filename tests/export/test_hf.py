@@ -13,14 +13,14 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from hybrid_jax.export.tensors import ExportError  # noqa: E402
 from hybrid_jax.export.writer import export_model  # noqa: E402
-from tests.export.conftest import perturbed_model, tiny_config, tokens  # noqa: E402
+from tests.export.conftest import logits, perturbed_model, tiny_config, tokens  # noqa: E402
 
 
 def test_hf_logits_match_jax(kind, tmp_path):
     cfg = tiny_config(kind)
     model = perturbed_model(cfg)
     x = tokens(cfg)
-    ours = np.asarray(model(x))
+    ours = logits(model, x)
     export_model(model, cfg, tmp_path, fmt="hf")
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float32)
     with torch.no_grad():
