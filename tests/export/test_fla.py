@@ -10,16 +10,16 @@ pytest.importorskip("safetensors")
 pytest.importorskip("torch")
 
 from hybrid_jax.export import fla  # noqa: E402
-from hybrid_jax.export.import_fla import import_fla, load_fla  # noqa: E402
+from hybrid_jax.export.import_fla import load_fla  # noqa: E402
 from hybrid_jax.export.tensors import ExportError, flat_params, load_safetensors, save_safetensors  # noqa: E402
 from hybrid_jax.export.writer import export_model  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
 from tests.export.conftest import perturbed_model, tiny_config  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_fla_round_trip_is_identical(kind, tmp_path):
     cfg = tiny_config(kind)
-    cfg.train.update(dict(global_batch_size=8, micro_batch_size=1))  # one sequence per device on the 8 CPU devices
     model = perturbed_model(cfg)
     export_model(model, cfg, tmp_path / "fla", fmt="fla")
     written = json.loads((tmp_path / "fla" / "config.json").read_text())
@@ -28,16 +28,23 @@ def test_fla_round_trip_is_identical(kind, tmp_path):
     tensors = load_safetensors(tmp_path / "fla")
     assert tensors["model.layers.1.attn.b_proj.weight"].shape == (cfg.model[kind].num_value_heads, 64)
 
-    imported = import_fla(tmp_path / "fla", tmp_path / "run", cfg)
-    assert imported.model.to_dict() == cfg.model.to_dict() | {"num_layers": 4, "pattern": ""}
-
+    from hybrid_jax.export.__main__ import main
     from hybrid_jax.train.load import load
 
-    loaded, _ = load(tmp_path / "run", step=0)
+    main(["--from-fla", str(tmp_path / "fla"), "--workdir", str(tmp_path / "run"), "--config",
+          str(REPO / "configs" / "demo.py")])  # CLI import
+    loaded, imported = load(tmp_path / "run", step=0)
+    assert imported.model.to_dict() == cfg.model.to_dict() | {"num_layers": 4, "pattern": ""}
     before, after = flat_params(model), flat_params(loaded)
     assert before.keys() == after.keys()
     for key in before:
         np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+    main(["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "again"), "--format", "fla"])  # CLI export
+    again = load_safetensors(tmp_path / "again")
+    assert again.keys() == tensors.keys()
+    for key in tensors:
+        np.testing.assert_array_equal(again[key], tensors[key], err_msg=key)
 
 
 @pytest.mark.parametrize("kind", ["mamba2_mla", "gdn_mla"])
@@ -46,6 +53,13 @@ def test_fla_refuses_hybrids(kind, tmp_path):
     with pytest.raises(ExportError, match="pure GDN or pure KDA.*--format hf"):
         export_model(perturbed_model(cfg), cfg, tmp_path, fmt="fla")
     assert not any(tmp_path.iterdir())
+
+
+def test_fla_refuses_grouped_kda_values(tmp_path):
+    cfg = tiny_config("kda")
+    cfg.model.kda.num_value_heads = 4
+    with pytest.raises(ExportError, match="num_value_heads 4 != num_key_heads 2"):
+        export_model(perturbed_model(cfg), cfg, tmp_path, fmt="fla")
 
 
 def test_fla_shapes_check_names_the_key(tmp_path, monkeypatch):
