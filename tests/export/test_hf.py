@@ -49,3 +49,19 @@ def test_hf_export_names_offending_key(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match=r"'model\.layers\.2\.mixer\.A_log' has shape \(3,\), expected \(4,\)"):
         export_model(model, cfg, tmp_path / "out", fmt="hf")
     assert not (tmp_path / "out").exists()  # nothing written on a failed check
+
+
+def test_hf_bf16_export(tmp_path):
+    from safetensors import safe_open
+
+    cfg = tiny_config("gdn_mla")
+    model = perturbed_model(cfg)
+    x = tokens(cfg)
+    export_model(model, cfg, tmp_path, fmt="hf", dtype="bf16")
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float32)
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(x).long()).logits.numpy()
+    ours = logits(model, x)
+    assert 1e-4 < np.linalg.norm(theirs - ours) / np.linalg.norm(ours) < 3e-2  # bf16 weight rounding, nothing more
