@@ -92,3 +92,16 @@ def test_plots_have_one_row_per_layer(setup, tmp_path: Path):
     assert len(explore.plot_attention(trace).axes) == 4
     path = explore.save_figure(explore.plot_next_token(trace, config), tmp_path / "figs", "next")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_text_prompts_use_the_run_tokenizer(shared_data: Path):
+    config = explore.load_config_file(CONFIG)
+    config.model.vocab_size = 32000
+    config.data.tokenizer = str(shared_data / "tokenizers" / "llama2" / "tokenizer.model")
+    tokens = explore.prompt_tokens(config, "The quick brown fox")
+    assert tokens.tolist() == [1, 450, 4996, 17354, 1701, 29916]  # bos, then Llama-2's pieces
+    logits = np.full((len(tokens), 32000), -10.0, np.float32)
+    logits[-1, 450] = 10.0  # after "fox": " The", almost surely
+    trace = explore.Trace(tokens=tokens, plan="", kinds=[], logits=logits, residual=[], updates=[], internals=[])
+    (label, p), *_ = explore.next_token_table(trace, config, k=2)
+    assert label == "'The'" and p > 0.99
