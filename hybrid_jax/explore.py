@@ -1,5 +1,7 @@
 """Look inside a model: run a text through it, capture what every sublayer computes, and plot it.
 
+Needs the ``notebook`` extra (matplotlib; treescope for the module tree in the notebook).
+
 The notebook ``notebooks/explore_layers.ipynb`` is a few calls into this module::
 
     model, config = load_model(workdir)               # a checkpoint (hybrid_jax.load), or a random init of a config
