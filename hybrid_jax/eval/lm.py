@@ -55,6 +55,11 @@ class HybridJaxLM(TemplateLM):
     def eot_token_id(self) -> int:
         return self.tokenizer_.eos_id
 
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context (and each rolling window) is conditioned on: bos if the tokenizer has one, as HFLM."""
+        return self.eot_token_id if self.tokenizer_.bos_id is None else self.tokenizer_.bos_id
+
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         bos = [self.tokenizer_.bos_id] if add_special_tokens and self.tokenizer_.bos_id is not None else []
         return bos + self.tokenizer_.encode(string)

@@ -64,7 +64,8 @@ def test_eval_jax_and_hf_export_agree(run_dir, shared_data, capsys):
 
 
 def test_loglikelihoods_match_hf(run_dir, shared_data):
-    """Per-request log-likelihoods (and greedy flags) of the JAX LM and lm-eval's HFLM on the export agree."""
+    """Per-request log-likelihoods (and greedy flags), rolling log-likelihoods (one text longer than the 128-token
+    window) and greedy generations of the JAX LM and lm-eval's HFLM on the export agree."""
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
@@ -82,3 +83,11 @@ def test_loglikelihoods_match_hf(run_dir, shared_data):
     np.testing.assert_allclose([x for x, _ in a], [x for x, _ in b], rtol=1e-5, atol=1e-4)
     assert [g for _, g in a] == [g for _, g in b]
     assert len({round(x, 3) for x, _ in a}) > len(a) // 2  # distinct scores, not a constant
+
+    texts = [r["question"] for r in rows[:2]] + [" ".join(r["question"] for r in rows) * 3]  # the last > 128 tokens
+    rolling = [Instance("loglikelihood_rolling", {}, (t,), 0) for t in texts]
+    np.testing.assert_allclose(ours.loglikelihood_rolling(rolling), theirs.loglikelihood_rolling(rolling), rtol=1e-5)
+
+    generate = [Instance("generate_until", {}, (f"Question: {rows[0]['question']}\nAnswer:",
+                                                {"until": ["\n\n"], "max_gen_toks": 4, "do_sample": False}), 0)]
+    assert ours.generate_until(generate) == theirs.generate_until(generate)
