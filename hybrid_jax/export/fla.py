@@ -19,7 +19,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from hybrid_jax.export.tensors import ExportError
-from hybrid_jax.model.plan import sublayer_kinds
+from hybrid_jax.model.plan import layer_plan, sublayer_kinds
 
 ARCHITECTURES = {"gdn": ("gated_deltanet", "GatedDeltaNetForCausalLM"), "kda": ("kda", "KDAForCausalLM")}
 FLA_PREFIX = "model.layers.{j}."
@@ -68,7 +68,7 @@ def fla_kind(model_cfg: ConfigDict) -> str:
     if len(mixers) != 1 or not mixers <= set(ARCHITECTURES) or set(kinds[1::2]) != {"mlp"} or len(kinds) % 2:
         raise ExportError(
             f"--format fla needs a pure GDN or pure KDA model (plan 'M-M-...' with mixer gdn or kda); this model's "
-            f"sublayers are {''.join(model_cfg.pattern) or kinds}. Export hybrids with --format hf")
+            f"plan is {layer_plan(model_cfg)!r} with sublayers {kinds}. Export hybrids with --format hf")
     kind = mixers.pop()
     c = model_cfg[kind]
     if kind == "kda" and c.num_value_heads != c.num_key_heads:
