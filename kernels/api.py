@@ -38,8 +38,7 @@ def _check_shapes(op: str, q, k, v, g, beta, per_key_gate: bool) -> None:
 
 def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm,
                 chunk_size, impl):
-    pallas = ("pallas", "pallas_interpret") if g.ndim == 3 else ()  # per-key gate (KDA): not yet in Pallas
-    impl = _resolve(impl, op, ("xla", "naive") + pallas)
+    impl = _resolve(impl, op, ("xla", "naive", "pallas", "pallas_interpret"))
     if impl in ("pallas", "pallas_interpret"):
         o, final = chunk_pallas.chunk_recurrence(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,

@@ -1,4 +1,5 @@
-"""Chunked gated delta rule (GDN) and scalar-gated linear attention (GLA / Mamba2 SSD) in Pallas.
+"""Chunked gated delta rule (GDN), Kimi Delta Attention (KDA) and scalar-gated linear attention (GLA / Mamba2 SSD)
+in Pallas.
 
 One kernel family, Triton lowering (NVIDIA and ROCm), forward and backward under ``jax.custom_vjp``.
 The algorithm is the WY/UT chunk form of :func:`hybrid_jax.kernels.reference.chunked_recurrence`; per
@@ -19,8 +20,15 @@ backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_
 
 XLA glue does the cheap elementwise work: padding (T to a multiple of C, K and V to powers of two),
 the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the reverse cumsum), and the
-sum of q/k gradients over grouped value heads. The per-key gate of KDA is the planned extension: gamma
-becomes ``[C, K]`` and the decays move inside the matmuls with a sub-chunk reference point.
+sum of q/k gradients over grouped value heads.
+
+Per-key gate (KDA, ``g [B,T,HV,K]``): ``gamma`` is a ``[C, K]`` tile and ``exp(gamma_i - gamma_j)`` sits inside
+the K-contraction of ``A`` and ``P`` (and of their gradients). It is factored per sub-chunk of ``SUB = 16`` rows
+(:func:`_gram`, :func:`_decay_matmul`): for rows in sub-chunk ``I`` and columns in earlier sub-chunks the
+reference is ``r = gamma`` at row 0 of ``I``, so both factors ``exp(gamma_i - r)`` and ``exp(r - gamma_j)`` are
+<= 1 (no overflow at any gate; tiny values underflow harmlessly) and no gate after row ``i`` is read; the
+diagonal ``16 x 16`` blocks are computed exactly, element by element, one column per loop step. The output
+kernel also stores ``P`` (input dtype, like ``T``) for the reverse state pass.
 
 Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32.
 The carried state, the gate sums, the gradients and the triangular inverse are computed in float32; the
@@ -45,6 +53,8 @@ from hybrid_jax.kernels import reference
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig, recurrent_config
 
 F32 = jnp.float32
+SUB_BITS = 4
+SUB = 1 << SUB_BITS  # sub-chunk rows of the per-key decay factorisation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +85,115 @@ def _masked_exp(diff: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
-def _last(x: jax.Array) -> jax.Array:
-    """The last element of a 1-D tile as a scalar (a masked sum: no dynamic element extraction in Triton)."""
+def _row(x: jax.Array, r) -> jax.Array:
+    """Row ``r`` of a tile along axis 0 (a scalar for 1-D, ``[K]`` for 2-D); a masked sum, since Triton has no
+    dynamic element extraction."""
     idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
-    return jnp.sum(jnp.where(idx == x.shape[0] - 1, x, 0.0))
+    return jnp.sum(jnp.where(idx == r, x, 0.0), axis=0)
+
+
+def _last(x: jax.Array) -> jax.Array:
+    """The last row of a gate tile: ``gamma_last``, a scalar (``[C]`` gate) or ``[K]`` (``[C, K]`` gate)."""
+    return _row(x, x.shape[0] - 1)
+
+
+def _col(x: jax.Array) -> jax.Array:
+    """A per-token gate factor broadcast over the K columns of a ``[C, K]`` tile."""
+    return x if x.ndim == 2 else x[:, None]
+
+
+def _red(x: jax.Array, per_key: bool) -> jax.Array:
+    """A ``[C, K]`` gradient contribution reduced to the gate's shape (``[C]`` for a scalar gate)."""
+    return x if per_key else jnp.sum(x, axis=1)
+
+
+def _state_decay(gl: jax.Array) -> jax.Array:
+    """``exp(gamma_last)`` shaped to scale the rows of a ``[K, BV]`` state."""
+    return jnp.exp(gl)[:, None] if gl.ndim == 1 else jnp.exp(gl)
+
+
+def _sub_rows(x: jax.Array, jj) -> jax.Array:
+    """``[C, K] -> [C, K]``: row ``i`` is row ``jj`` of ``i``'s sub-chunk, ``x[SUB * (i // SUB) + jj]``."""
+    rows = lax.broadcasted_iota(jnp.int32, x.shape, 0)
+    out = jnp.zeros(x.shape, F32)
+    for s in range(x.shape[0] // SUB):
+        out = jnp.where((rows >> SUB_BITS) == s, _row(x, s * SUB + jj)[None, :], out)
+    return out
+
+
+def _sub_factors(gam: jax.Array, s: int) -> tuple[jax.Array, jax.Array]:
+    """Decay factors around ``r = gamma[SUB * s]`` (row 0 of sub-chunk ``s``), both <= 1:
+    ``exp(gamma_i - r)`` on the rows of sub-chunk ``s`` (0 elsewhere) and ``exp(r - gamma_j)`` on earlier rows."""
+    rows = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
+    r = _row(gam, s * SUB)[None, :]
+    return (_masked_exp(gam - r, (rows >> SUB_BITS) == s),
+            _masked_exp(r - gam, rows < s * SUB))
+
+
+def _sub_src(shape: tuple[int, int], jj) -> tuple[jax.Array, jax.Array]:
+    """Row index ``i`` of a tile and its source row ``SUB * (i // SUB) + jj`` in the diagonal-block loop."""
+    rows = lax.broadcasted_iota(jnp.int32, shape, 0)
+    return rows, ((rows >> SUB_BITS) << SUB_BITS) + jj
+
+
+def _diag_decay(gam: jax.Array, jj, strict: bool, transpose: bool) -> jax.Array:
+    """``[C, K]`` decay of one step of the exact diagonal-block loop: ``exp(gamma_i - gamma_src)`` where
+    ``src <= i`` (transposed: ``exp(gamma_src - gamma_i)`` where ``src >= i``; strict: ``<`` / ``>``), 0 elsewhere
+    (masked before ``exp``)."""
+    rows, src = _sub_src(gam.shape, jj)
+    g_src = _sub_rows(gam, jj)
+    if transpose:
+        return _masked_exp(g_src - gam, (src > rows) if strict else (src >= rows))
+    return _masked_exp(gam - g_src, (src < rows) if strict else (src <= rows))
+
+
+def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool) -> jax.Array:
+    """``G_ij = sum_d a_id b_jd exp(gamma_i(d) - gamma_j(d))`` for ``j < i`` (``j <= i`` unless strict), else 0.
+
+    ``a, b: [C, K]``; ``gam: [C]`` (the decay leaves the matmul) or ``[C, K]`` (sub-chunk factorisation)."""
+    C = a.shape[0]
+    i, j = _iota(C)
+    mask = (i > j) if strict else (i >= j)
+    if gam.ndim == 1:
+        return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], mask)
+    cd = a.dtype
+    af, bf = a.astype(F32), b.astype(F32)
+    g = jnp.zeros((C, C), F32)
+    for s in range(1, C // SUB):
+        row_f, col_f = _sub_factors(gam, s)
+        g = g + _dot((af * row_f).astype(cd), (bf * col_f).astype(cd).T)
+
+    def diag(jj, g):
+        e = _diag_decay(gam, jj, strict, transpose=False)
+        col = jnp.sum(af * _sub_rows(bf, jj) * e, axis=1)
+        return g + jnp.where(j == _sub_src((C, C), jj)[1], col[:, None], 0.0)
+
+    return lax.fori_loop(0, SUB, diag, g)
+
+
+def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool) -> jax.Array:
+    """Per-key decayed product with a lower-triangular ``m [C, C]`` (entries outside the triangle are ignored):
+    ``Y_id = sum_{j<=i} m_ij b_jd exp(gamma_id - gamma_jd)``, or transposed
+    ``Y_jd = sum_{i>=j} m_ij b_id exp(gamma_id - gamma_jd)`` (strict: ``<``, ``>``). ``b, gam: [C, K]``."""
+    C = m.shape[0]
+    cd = b.dtype
+    bf = b.astype(F32)
+    mm = m.T if transpose else m
+    y = jnp.zeros(b.shape, F32)
+    for s in range(1, C // SUB):
+        row_f, col_f = _sub_factors(gam, s)
+        if transpose:
+            y = y + col_f * _dot(mm.astype(cd), (bf * row_f).astype(cd))
+        else:
+            y = y + row_f * _dot(mm.astype(cd), (bf * col_f).astype(cd))
+    _, j = _iota(C)
+
+    def diag(jj, y):
+        e = _diag_decay(gam, jj, strict, transpose)
+        m_src = jnp.sum(jnp.where(j == _sub_src((C, C), jj)[1], mm, 0.0), axis=1)  # mm[i, src_i]
+        return y + m_src[:, None] * _sub_rows(bf, jj) * e
+
+    return lax.fori_loop(0, SUB, diag, y)
 
 
 def _dot_split(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -121,13 +236,11 @@ def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: b
     cd = k.dtype
     gam = gam_ref[...]
     b = beta_ref[...].astype(F32)
-    i, j = _iota(k.shape[0])
-    strict = i > j
-    a = _dot(k, k.T) * _masked_exp(gam[:, None] - gam[None, :], strict) * b[:, None]
+    a = _gram(k, k, gam, strict=True) * b[:, None]
     tc = _unit_lower_inverse(a, split).astype(cd)  # computed in float32, used (and stored) in the input dtype
     t_ref[...] = tc
     u_ref[...] = _dot(tc, (v_ref[...].astype(F32) * b[:, None]).astype(cd)).astype(u_ref.dtype)
-    w_ref[...] = _dot(tc, (k.astype(F32) * (b * jnp.exp(gam))[:, None]).astype(cd)).astype(w_ref.dtype)
+    w_ref[...] = _dot(tc, (k.astype(F32) * b[:, None] * _col(jnp.exp(gam))).astype(cd)).astype(w_ref.dtype)
 
 
 def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
@@ -148,20 +261,22 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
         if delta:
             vn = vn - _dot(w_ref[rows, :], s.astype(cd))
             vn_ref[rows, :] = vn.astype(vn_ref.dtype)
-        k_end = (k.astype(F32) * jnp.exp(gl - gam)[:, None]).astype(cd)
-        return jnp.exp(gl) * s + _dot(k_end.T, vn.astype(cd))
+        k_end = (k.astype(F32) * _col(jnp.exp(gl - gam))).astype(cd)
+        return _state_decay(gl) * s + _dot(k_end.T, vn.astype(cd))
 
     ht_ref[...] = lax.fori_loop(0, n_chunks, body, h0_ref[...].astype(F32))
 
 
-def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *, scale: float):
-    """One chunk: ``o = (scale Q exp(gamma)) h + incl_lower(scale Q K^T decay) v_new``."""
+def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: float):
+    """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with a
+    per-key gate ``P`` is also stored (``p_ref``) for the reverse state pass."""
     q = q_ref[...]
     cd = q.dtype
     gam = gam_ref[...]
-    i, j = _iota(q.shape[0])
-    p = _dot(q, k_ref[...].T) * _masked_exp(gam[:, None] - gam[None, :], i >= j) * scale
-    qd = (q.astype(F32) * (scale * jnp.exp(gam))[:, None]).astype(cd)
+    p = _gram(q, k_ref[...], gam, strict=False) * scale
+    if p_ref:
+        p_ref[0][...] = p.astype(p_ref[0].dtype)
+    qd = (q.astype(F32) * scale * _col(jnp.exp(gam))).astype(cd)
     o = _dot(qd, h_ref[...]) + _dot(p.astype(cd), vn_ref[...])
     o_ref[...] = o.astype(o_ref.dtype)
 
@@ -173,10 +288,10 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
 
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
     """
-    if delta:
-        q_ref, k_ref, gam_ref, w_ref, do_ref, dht_ref, dh_ref, dvn_ref, dh0_ref = refs
-    else:
-        q_ref, k_ref, gam_ref, do_ref, dht_ref, dh_ref, dvn_ref, dh0_ref = refs
+    q_ref, k_ref, gam_ref, *refs = refs
+    w_ref = refs.pop(0) if delta else None
+    p_ref = refs.pop(0) if len(gam_ref.shape) == 2 else None  # per-key gate: P stored by the output kernel
+    do_ref, dht_ref, dh_ref, dvn_ref, dh0_ref = refs
     cd = q_ref.dtype
     i, j = _iota(chunk)
 
@@ -189,17 +304,34 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
         gam = gam_ref[rows]
         gl = _last(gam)
         do = do_ref[rows, :]
-        p_t = _dot(k, q.T) * _masked_exp(gam[None, :] - gam[:, None], i <= j) * scale
-        k_end = (k.astype(F32) * jnp.exp(gl - gam)[:, None]).astype(cd)
-        dvn = _dot(p_t.astype(cd), do) + _dot(k_end, ds.astype(cd))
+        if p_ref is None:
+            p_t = (_dot(k, q.T) * _masked_exp(gam[None, :] - gam[:, None], i <= j) * scale).astype(cd)
+        else:
+            p_t = p_ref[rows, :].T
+        k_end = (k.astype(F32) * _col(jnp.exp(gl - gam))).astype(cd)
+        dvn = _dot(p_t, do) + _dot(k_end, ds.astype(cd))
         dvn_ref[rows, :] = dvn.astype(dvn_ref.dtype)
-        qd = (q.astype(F32) * (scale * jnp.exp(gam))[:, None]).astype(cd)
-        ds = jnp.exp(gl) * ds + _dot(qd.T, do)
+        qd = (q.astype(F32) * scale * _col(jnp.exp(gam))).astype(cd)
+        ds = _state_decay(gl) * ds + _dot(qd.T, do)
         if delta:
             ds = ds - _dot(w_ref[rows, :].T, dvn.astype(cd))
         return ds
 
     dh0_ref[...] = lax.fori_loop(0, n_chunks, body, dht_ref[...].astype(F32))
+
+
+def _gram_vjp(m: jax.Array, a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool):
+    """Gradients of ``G = _gram(a, b, gam, strict)`` for ``dG = m``: ``(da [C,K], db [C,K], dgamma)`` (float32;
+    ``dgamma`` in the gate's shape)."""
+    cd = a.dtype
+    if gam.ndim == 2:
+        da = _decay_matmul(m, b, gam, strict, transpose=False)
+        db = _decay_matmul(m, a, gam, strict, transpose=True)
+        return da, db, a.astype(F32) * da - b.astype(F32) * db
+    i, j = _iota(a.shape[0])
+    dm = m * _masked_exp(gam[:, None] - gam[None, :], (i > j) if strict else (i >= j))
+    z = dm * _dot(a, b.T)  # dG * G
+    return _dot(dm.astype(cd), b), _dot(dm.T.astype(cd), a), jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
 
 
 def _grad_kernel(*refs, scale: float, delta: bool):
@@ -214,31 +346,29 @@ def _grad_kernel(*refs, scale: float, delta: bool):
     cd = q.dtype
     qf, kf = q.astype(F32), k.astype(F32)
     gam = gam_ref[...]
+    per_key = gam.ndim == 2
     gl = _last(gam)
     eg = jnp.exp(gam)
     h = h_ref[...]
     dh = dh_ref[...]
     vn = vn_ref[...]
     do = do_ref[...]
-    i, j = _iota(q.shape[0])
 
-    # o = (scale Q exp(gamma)) h + P v_new,  P = scale (Q K^T) * decay (inclusive lower)
-    dqd = _dot(do, h.T)
-    dq = dqd * (scale * eg)[:, None]
-    dgam = jnp.sum(dqd * qf, axis=1) * scale * eg
-    dqk = _dot(do, vn.T) * _masked_exp(gam[:, None] - gam[None, :], i >= j) * scale
-    dq = dq + _dot(dqk.astype(cd), k)
-    dk = _dot(dqk.T.astype(cd), q)
-    z = dqk * _dot(q, k.T)  # dP * P
-    dgam = dgam + jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
+    # o = (scale Q exp(gamma)) h + P v_new,  P = scale _gram(Q, K) (inclusive lower)
+    dq = _dot(do, h.T) * scale * _col(eg)
+    dgam = _red(dq * qf, per_key)
+    dq_p, dk, dgam_p = _gram_vjp(_dot(do, vn.T) * scale, q, k, gam, strict=False)
+    dq = dq + dq_p
+    dgam = dgam + dgam_p
 
     # h' = exp(gamma_last) h + (K exp(gamma_last - gamma))^T v_new
-    e_end = jnp.exp(gl - gam)
+    e_end = _col(jnp.exp(gl - gam))
     dk_end = _dot(vn, dh.T)
-    dk = dk + dk_end * e_end[:, None]
-    r = jnp.sum(dk_end * kf, axis=1) * e_end
+    dk = dk + dk_end * e_end
+    r = _red(dk_end * kf * e_end, per_key)
     dgam = dgam - r
-    dgl = jnp.sum(r) + jnp.sum(jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)) * jnp.exp(gl)
+    hdh = jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)  # single-axis reductions only (Triton lowering)
+    dgl = jnp.sum(r, axis=0) + (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
 
     if delta:
         # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
@@ -248,20 +378,24 @@ def _grad_kernel(*refs, scale: float, delta: bool):
         t_du = _dot(tc.T, dvn.astype(cd))
         t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
         dv_ref[...] = t_du * b[:, None]
-        kb = kf * eg[:, None]
-        x = jnp.sum(t_dw * kb, axis=1)
-        dk = dk + t_dw * (b * eg)[:, None]
-        db = jnp.sum(t_du * v_ref[...].astype(F32), axis=1) + x
-        dgam = dgam + x * b
-        # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle
+        x = t_dw * kf * _col(eg)
+        dk = dk + t_dw * b[:, None] * _col(eg)
+        db = jnp.sum(t_du * v_ref[...].astype(F32), axis=1) + jnp.sum(x, axis=1)
+        dgam = dgam + _red(x * b[:, None], per_key)
+        # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
+        # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
         da = -(_dot(t_du.astype(cd), u_ref[...].T) + _dot(t_dw.astype(cd), w_ref[...].T))
-        e_strict = _masked_exp(gam[:, None] - gam[None, :], i > j)
-        kk = _dot(k, k.T)
-        db = db + jnp.sum(da * kk * e_strict, axis=1)
-        dm = da * e_strict * b[:, None]
-        dk = dk + _dot(dm.astype(cd), k) + _dot(dm.T.astype(cd), k)
-        z = dm * kk  # dA * A
-        dgam = dgam + jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
+        if per_key:
+            y = _decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
+            db = db + jnp.sum(y * kf, axis=1)
+            z = _decay_matmul(da * b[:, None], k, gam, strict=True, transpose=True)
+            dk = dk + y * b[:, None] + z
+            dgam = dgam + kf * (y * b[:, None] - z)
+        else:
+            db = db + jnp.sum(da * _gram(k, k, gam, strict=True), axis=1)
+            dk_row, dk_col, dgam_a = _gram_vjp(da * b[:, None], k, k, gam, strict=True)
+            dk = dk + dk_row + dk_col
+            dgam = dgam + dgam_a
         dbeta_ref[...] = db
 
     idx = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
@@ -288,10 +422,17 @@ def _call(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_spe
 
 class _Specs:
     """BlockSpecs over the ``[B, T, heads, D]`` layout for chunk-parallel (grid ``[B, HV, N]``) and
-    sequential (grid ``[B, HV, NV]``) kernels. q/k blocks read head ``hv // group``."""
+    sequential (grid ``[B, HV, NV]``) kernels. q/k blocks read head ``hv // group``; the cumulated gate is
+    ``[B, T, HV]`` or, per key (``gate_k`` = K), ``[B, T, HV, K]``."""
 
-    def __init__(self, T: int, C: int, group: int, BV: int):
-        self.T, self.C, self.G, self.BV = T, C, group, BV
+    def __init__(self, T: int, C: int, group: int, BV: int, gate_k: int | None):
+        self.T, self.C, self.G, self.BV, self.gate_k = T, C, group, BV, gate_k
+
+    def gate(self):
+        return self.vec() if self.gate_k is None else self.tok(self.gate_k)
+
+    def gate_seq(self):
+        return self.vec_seq() if self.gate_k is None else self.tok_seq(self.gate_k)
 
     # chunk-parallel
     def qk(self, D):
@@ -326,11 +467,11 @@ class _Specs:
         return pl.BlockSpec((None, N, None, K, self.BV), lambda b, h, v: (b, 0, h, 0, v))
 
 
-def _dims(st: Static, q, v):
+def _dims(st: Static, q, v, gam):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BV = min(st.cfg.block_v, V)
-    return B, T, HV, K, V, T // st.chunk, BV, _Specs(T, st.chunk, HV // H, BV)
+    return B, T, HV, K, V, T // st.chunk, BV, _Specs(T, st.chunk, HV // H, BV, K if gam.ndim == 4 else None)
 
 
 # Stages: one pallas_call each, on padded arrays (benchmarks/autotune.py times them one by one).
@@ -339,11 +480,11 @@ def _dims(st: Static, q, v):
 def wy(st: Static, k, v, gam, beta):
     """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]``, ``T [B,T,HV,C]`` (row t of its chunk), in the input dtype
     (T is computed in float32)."""
-    B, T, HV, K, V, N, _, s = _dims(st, k, v)
+    B, T, HV, K, V, N, _, s = _dims(st, k, v, gam)
     sds = jax.ShapeDtypeStruct
     return _call(
         functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3), "wy_fwd", st.cfg.wy, st, (B, HV, N),
-        [s.qk(K), s.tok(V), s.vec(), s.vec()],
+        [s.qk(K), s.tok(V), s.gate(), s.vec()],
         [s.tok(V), s.tok(K), s.tok(st.chunk)],
         [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), sds((B, T, HV, st.chunk), k.dtype)],
     )(k, v, gam, beta)
@@ -352,7 +493,7 @@ def wy(st: Static, k, v, gam, beta):
 def state_fwd(st: Static, k, gam, w, u, h0):
     """-> ``h [B,N,HV,K,V]`` (state at each chunk start), ``v_new [B,T,HV,V]`` (delta rule only: ``w`` given,
     else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32."""
-    B, T, HV, K, V, N, BV, s = _dims(st, k, u)
+    B, T, HV, K, V, N, BV, s = _dims(st, k, u, gam)
     sds = jax.ShapeDtypeStruct
     delta = w is not None
     kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta)
@@ -360,13 +501,13 @@ def state_fwd(st: Static, k, gam, w, u, h0):
     if delta:
         return _call(
             kernel, "state_fwd", st.cfg.state, st, (B, HV, V // BV),
-            [s.qk_seq(K), s.vec_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K)],
+            [s.qk_seq(K), s.gate_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K)],
             [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
             [snaps, sds((B, T, HV, V), k.dtype), final],
         )(k, gam, w, u, h0)
     h, ht = _call(
         kernel, "state_fwd", st.cfg.state, st, (B, HV, V // BV),
-        [s.qk_seq(K), s.vec_seq(), s.vtile_seq(), s.state_seq(K)],
+        [s.qk_seq(K), s.gate_seq(), s.vtile_seq(), s.state_seq(K)],
         [s.snaps_seq(N, K), s.state_seq(K)],
         [snaps, final],
     )(k, gam, u, h0)
@@ -374,26 +515,31 @@ def state_fwd(st: Static, k, gam, w, u, h0):
 
 
 def output(st: Static, q, k, vn, gam, h):
-    """-> ``o [B,T,HV,V]``."""
-    B, T, HV, K, V, N, _, s = _dims(st, q, vn)
-    return _call(
+    """-> ``o [B,T,HV,V]`` and, with a per-key gate, ``P [B,T,HV,C]`` (row t of its chunk, input dtype), else
+    None."""
+    B, T, HV, K, V, N, _, s = _dims(st, q, vn, gam)
+    sds = jax.ShapeDtypeStruct
+    per_key = gam.ndim == 4
+    outs = _call(
         functools.partial(_output_kernel, scale=st.scale), "output_fwd", st.cfg.output, st, (B, HV, N),
-        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.snap(K, V)],
-        s.tok(V),
-        jax.ShapeDtypeStruct((B, T, HV, V), vn.dtype),
+        [s.qk(K), s.qk(K), s.tok(V), s.gate(), s.snap(K, V)],
+        [s.tok(V)] + ([s.tok(st.chunk)] if per_key else []),
+        [sds((B, T, HV, V), vn.dtype)] + ([sds((B, T, HV, st.chunk), q.dtype)] if per_key else []),
     )(q, k, vn, gam, h)
+    return outs[0], (outs[1] if per_key else None)
 
 
-def state_bwd(st: Static, q, k, gam, w, do, dht):
+def state_bwd(st: Static, q, k, gam, w, p, do, dht):
     """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
-    state) ``[B,HV,K,V]`` float32. ``w`` is None without the delta rule."""
-    B, T, HV, K, V, N, BV, s = _dims(st, q, do)
+    state) ``[B,HV,K,V]`` float32. ``w`` is None without the delta rule; ``p`` (from :func:`output`) is given with
+    a per-key gate, else None."""
+    B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam)
     sds = jax.ShapeDtypeStruct
     delta = w is not None
     kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta)
-    ins = [q, k, gam] + ([w] if delta else []) + [do, dht]
-    specs = [s.qk_seq(K), s.qk_seq(K), s.vec_seq()] + ([s.tok_seq(K)] if delta else []) + [
-        s.vtile_seq(), s.state_seq(K)]
+    ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht]
+    specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
+        [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K)]
     return _call(
         kernel, "state_bwd", st.cfg.state_bwd, st, (B, HV, V // BV), specs,
         [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
@@ -402,22 +548,22 @@ def state_bwd(st: Static, q, k, gam, w, do, dht):
 
 
 def grad(st: Static, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do):
-    """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma) [B,T,HV]`` and, with the delta rule (``beta`` given),
-    ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32."""
-    B, T, HV, K, V, N, _, s = _dims(st, q, v)
+    """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule
+    (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32."""
+    B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     kernel = functools.partial(_grad_kernel, scale=st.scale, delta=beta is not None)
-    out_specs = [s.tok(K), s.tok(K), s.vec()]
-    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds((B, T, HV), F32)]
+    out_specs = [s.tok(K), s.tok(K), s.gate()]
+    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds(gam.shape, F32)]
     if beta is None:
         return _call(
             kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
-            [s.qk(K), s.qk(K), s.vec(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
+            [s.qk(K), s.qk(K), s.gate(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
             out_specs, out_shape,
         )(q, k, gam, h, dh, vn, do)
     return _call(
         kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
-        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.vec(), s.tok(V), s.tok(K), s.tok(st.chunk),
+        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(K), s.tok(st.chunk),
          s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V), s.tok(V)],
         out_specs + [s.tok(V), s.vec()],
         out_shape + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
@@ -428,15 +574,15 @@ def _forward(st: Static, q, k, v, gam, beta, h0):
     """Padded inputs -> ``(o, final state, residuals)``."""
     u, w, t = wy(st, k, v, gam, beta) if beta is not None else (v, None, None)
     h, vn, ht = state_fwd(st, k, gam, w, u, h0)
-    o = output(st, q, k, vn, gam, h)
-    return o, ht, (q, k, v, gam, beta, u, w, t, h, vn)
+    o, p = output(st, q, k, vn, gam, h)
+    return o, ht, (q, k, v, gam, beta, u, w, t, h, vn, p)
 
 
 def _backward(st: Static, res, do, dht):
-    q, k, v, gam, beta, u, w, t, h, vn = res
+    q, k, v, gam, beta, u, w, t, h, vn, p = res
     B, T, H, K = q.shape
     do = do.astype(q.dtype)
-    dh, dvn, dh0 = state_bwd(st, q, k, gam, w, do, dht)
+    dh, dvn, dh0 = state_bwd(st, q, k, gam, w, p, do, dht)
     if beta is None:
         dq, dk, dgam = grad(st, q, k, v, None, gam, None, None, None, h, dh, vn, None, do)
         dv, dbeta = dvn, None
@@ -503,19 +649,18 @@ def chunk_recurrence(
     interpret: bool = False,
     config: RecurrentConfig | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Chunked GDN (``beta`` given) or scalar-gated linear attention (``beta=None``) with Pallas kernels.
+    """Chunked GDN (``beta`` given, ``g [B,T,HV]``), KDA (``beta`` given, ``g [B,T,HV,K]``) or scalar-gated linear
+    attention (``beta=None``) with Pallas kernels.
 
     Args:
-      q, k: ``[B,T,H,K]``; v: ``[B,T,HV,V]`` (HV a multiple of H); g: ``[B,T,HV]`` log decay;
+      q, k: ``[B,T,H,K]``; v: ``[B,T,HV,V]`` (HV a multiple of H); g: ``[B,T,HV]`` or ``[B,T,HV,K]`` log decay;
       beta: ``[B,T,HV]`` or ``None``; initial_state: ``[B,HV,K,V]`` or ``None`` (zeros).
       chunk_size: a power of two >= 16. interpret: run the kernels in Pallas interpret mode (CPU).
-      config: launch parameters (default: ``tuning.recurrent_config()`` for the current device).
+      config: launch parameters (default: ``tuning.recurrent_config()`` for the current device and gate kind).
 
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [B,HV,K,V] float32)``, the same function as
     :func:`hybrid_jax.kernels.reference.naive_recurrence`, differentiable in every array argument.
     """
-    if g.ndim != 3:
-        raise NotImplementedError("chunk_recurrence: only the scalar gate [B,T,HV] is implemented in Pallas")
     C = chunk_size
     if C < 16 or C & (C - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16, got {C}")
@@ -534,10 +679,11 @@ def chunk_recurrence(
 
     q, k = pad(q, Tp - T, 0, Kp - K), pad(k, Tp - T, 0, Kp - K)
     v = pad(v, Tp - T, 0, Vp - V)
-    gam = jnp.cumsum(pad(g.astype(F32), Tp - T, 0).reshape(B, Tp // C, C, HV), axis=2).reshape(B, Tp, HV)
+    g = pad(g.astype(F32), Tp - T, 0, *([Kp - K] if g.ndim == 4 else []))
+    gam = jnp.cumsum(g.reshape(B, Tp // C, C, *g.shape[2:]), axis=2).reshape(g.shape)
     beta = None if beta is None else pad(beta, Tp - T, 0)
     h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
     h0 = pad(h0, 0, Kp - K, Vp - V)
-    st = Static(float(scale), C, config or recurrent_config(), interpret)
+    st = Static(float(scale), C, config or recurrent_config(per_key=g.ndim == 4), interpret)
     o, ht = _per_batch_shard(functools.partial(_chunked, st), B)(q, k, v, gam, beta, h0)
     return o[:, :T, :, :V].astype(out_dtype), ht[:, :, :K, :V]

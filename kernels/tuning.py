@@ -67,6 +67,38 @@ RECURRENT: dict[str, RecurrentConfig] = {
     "fallback": RecurrentConfig(),
 }
 
+# KDA (per-key gate): ``wy``, ``output`` and ``grad`` hold several [C, K] float32 decay tiles and loop over the
+# diagonal sub-blocks, so they get more warps (registers); the sequential passes match GDN. Unmeasured starting
+# points (``benchmarks/autotune.py`` fills them on a GPU).
+RECURRENT_KDA: dict[str, RecurrentConfig] = {
+    "sm90": RecurrentConfig(
+        block_v=64,
+        wy=Launch(8, 2),
+        state=Launch(4, 2),
+        output=Launch(8, 2),
+        state_bwd=Launch(4, 2),
+        grad=Launch(8, 1),
+    ),
+    # 64 KiB LDS: small state tiles, a single stage.
+    "gfx942": RecurrentConfig(
+        block_v=32,
+        wy=Launch(8, 1),
+        state=Launch(4, 1),
+        output=Launch(8, 1),
+        state_bwd=Launch(4, 1),
+        grad=Launch(8, 1),
+    ),
+    "gfx950": RecurrentConfig(
+        block_v=64,
+        wy=Launch(8, 1),
+        state=Launch(4, 1),
+        output=Launch(8, 1),
+        state_bwd=Launch(4, 1),
+        grad=Launch(8, 1),
+    ),
+    "fallback": RecurrentConfig(),
+}
+
 
 def arch_of(device_kind: str, platform: str) -> str:
     """Map a device kind (``jax.devices()[0].device_kind``) and platform to a table key."""
@@ -88,9 +120,10 @@ def current_arch() -> str:
     return arch_of(dev.device_kind, dev.platform)
 
 
-def recurrent_config(arch: str | None = None) -> RecurrentConfig:
-    """The recurrent-kernel config for ``arch`` (default: the current device)."""
-    return RECURRENT.get(current_arch() if arch is None else arch, RECURRENT["fallback"])
+def recurrent_config(arch: str | None = None, per_key: bool = False) -> RecurrentConfig:
+    """The recurrent-kernel config for ``arch`` (default: the current device); ``per_key``: KDA's table."""
+    table = RECURRENT_KDA if per_key else RECURRENT
+    return table.get(current_arch() if arch is None else arch, table["fallback"])
 
 
 @dataclasses.dataclass(frozen=True)

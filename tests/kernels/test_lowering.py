@@ -37,16 +37,18 @@ def _sds(*shape, dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _recurrence_case(name: str, delta: bool, backward: bool) -> Case:
-    """GDN (delta) or GLA at a 300M-like shape: 2 q/k heads, 4 value heads, K=V=64, T ragged (200)."""
+def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False) -> Case:
+    """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
+    heads, K=V=64, T ragged (200)."""
     B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
-    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(B, T, HV, dtype=jnp.float32),
+    g_shape = (B, T, HV, K) if per_key else (B, T, HV)
+    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
             _sds(B, T, HV), _sds(B, HV, K, V, dtype=jnp.float32))
 
     def make(arch: str) -> Callable:
         def f(q, k, v, g, beta, h0):
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
-                                    config=recurrent_config(arch))
+                                    config=recurrent_config(arch, per_key=per_key))
 
         if not backward:
             return f
@@ -77,6 +79,8 @@ CASES = [
     _recurrence_case("gdn_fwd_bwd", delta=True, backward=True),
     _recurrence_case("gla_fwd", delta=False, backward=False),
     _recurrence_case("gla_fwd_bwd", delta=False, backward=True),
+    _recurrence_case("kda_fwd", delta=True, backward=False, per_key=True),
+    _recurrence_case("kda_fwd_bwd", delta=True, backward=True, per_key=True),
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),

@@ -1,4 +1,4 @@
-"""Pallas chunked GDN / GLA kernels (interpret mode on CPU) against the naive recurrence and the XLA form."""
+"""Pallas chunked GDN / KDA / GLA kernels (interpret mode on CPU) against the naive recurrence and the XLA form."""
 
 from __future__ import annotations
 
@@ -18,15 +18,18 @@ def rel_rms(x, ref) -> float:
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
-def make_inputs(seed, *, B=2, T=37, H=1, HV=2, K=16, V=32, dtype=jnp.float32, delta=True, init=True, g_min=None):
+def make_inputs(seed, *, B=2, T=37, H=1, HV=2, K=16, V=32, dtype=jnp.float32, delta=True, init=True, g_min=None,
+                per_key=False):
+    """Random inputs; ``per_key``: a KDA gate ``[B,T,HV,K]`` instead of ``[B,T,HV]``."""
     ks = jax.random.split(jax.random.PRNGKey(seed), 8)
+    g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     q = jax.random.normal(ks[0], (B, T, H, K)).astype(dtype)
     k = jax.random.normal(ks[1], (B, T, H, K)).astype(dtype)
     v = jax.random.normal(ks[2], (B, T, HV, V)).astype(dtype)
     if g_min is None:
-        g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, HV)) + 2.0)
+        g = jax.nn.log_sigmoid(jax.random.normal(ks[3], g_shape) + 2.0)
     else:  # strongly negative gates, down to g_min per step
-        g = jax.random.uniform(ks[3], (B, T, HV), minval=g_min, maxval=0.0).at[:, ::3].set(g_min)
+        g = jax.random.uniform(ks[3], g_shape, minval=g_min, maxval=0.0).at[:, ::3].set(g_min)
     beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, HV))).astype(dtype) if delta else None
     h0 = jax.random.normal(ks[5], (B, HV, K, V)) if init else None
     w_o = jax.random.normal(ks[6], (B, T, HV, V))
@@ -127,8 +130,47 @@ def test_api_dispatch():
     o, ht = api.chunk_simple_gla(q, k, v, g, chunk_size=16, impl="pallas_interpret")
     o_x, _ = api.chunk_simple_gla(q, k, v, g, chunk_size=16, impl="xla")
     assert ht is None and rel_rms(o, o_x) <= 1e-4
-    with pytest.raises(NotImplementedError):  # per-key gate (KDA) has no Pallas kernel yet
-        api.chunk_kda(q, k, v, jnp.repeat(g[..., None], q.shape[-1], -1), beta, impl="pallas_interpret")
+    g_k = jnp.repeat(g[..., None], q.shape[-1], -1) * jnp.linspace(0.5, 1.5, q.shape[-1])
+    o, _ = api.chunk_kda(q, k, v, g_k, beta, use_qk_l2norm=True, chunk_size=16, impl="pallas_interpret")
+    o_x, _ = api.chunk_kda(q, k, v, g_k, beta, use_qk_l2norm=True, chunk_size=16, impl="xla")
+    assert rel_rms(o, o_x) <= 1e-4
+
+
+# KDA (per-key gate): chunk 32 = two sub-chunks of 16, so both the factored off-diagonal blocks and the exact
+# diagonal blocks are exercised.
+
+
+def test_kda_float32_ragged_grouped_with_states():
+    inputs, weights = make_inputs(10, B=1, T=45, per_key=True)
+    check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+def test_kda_float32_shorter_than_chunk_no_states():
+    inputs, weights = make_inputs(11, B=1, T=11, H=2, HV=2, init=False, per_key=True)
+    check(inputs, weights, chunk=16, final_state=False, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+def test_kda_bfloat16():
+    inputs, weights = make_inputs(12, B=1, T=45, dtype=jnp.bfloat16, per_key=True)
+    check(inputs, weights, chunk=32, final_state=True, fwd_tol=5e-3, grad_tol=2e-2, against_xla=False)
+
+
+def test_kda_strongly_negative_gates():
+    """Gates down to -20 per step and per channel: span of 640 in a chunk, no overflow or NaN."""
+    inputs, weights = make_inputs(13, B=1, T=40, per_key=True, g_min=-20.0)
+    check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+def test_kda_outputs_do_not_depend_on_later_gates():
+    """o[:, :t+1] is bit-identical when every gate after t changes (within t's sub-chunk, chunk and later)."""
+    inputs, _ = make_inputs(14, B=1, T=40, per_key=True)
+    q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
+    fn = jax.jit(lambda g: pallas(32)(q, k, v, g, beta, initial_state=h0)[0])
+    t = 20  # row 4 of the second sub-chunk of the first chunk
+    g_later = jax.random.uniform(jax.random.PRNGKey(15), g.shape, minval=-30.0, maxval=0.0)
+    o, o_p = fn(g), fn(g.at[:, t + 1:].set(g_later[:, t + 1:]))
+    np.testing.assert_array_equal(np.asarray(o[:, : t + 1]), np.asarray(o_p[:, : t + 1]))
+    assert rel_rms(o_p[:, t + 1:], o[:, t + 1:]) > 1e-2  # the later outputs do see the change
 
 
 def test_rejects_bad_chunk_size():
@@ -146,6 +188,8 @@ def test_tuning_lookup(kind, platform, arch):
     assert tuning.arch_of(kind, platform) == arch
     cfg = tuning.recurrent_config(arch)
     assert cfg is tuning.RECURRENT[arch] and cfg.block_v & (cfg.block_v - 1) == 0
+    cfg = tuning.recurrent_config(arch, per_key=True)
+    assert cfg is tuning.RECURRENT_KDA[arch] and cfg.block_v & (cfg.block_v - 1) == 0
 
 
 def test_runs_per_batch_shard_under_a_mesh():
