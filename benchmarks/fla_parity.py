@@ -9,8 +9,8 @@ For each kind, on a small model (hidden 512, 4 FLA layers = 8 of our sublayers, 
    compute, Pallas kernels) on the same tokens. Pass: relative RMS error <= 2e-2.
 2. **FLA init -> ours.** FLA's randomly initialised model (``tie_word_embeddings=True``) is saved and imported with
    ``import_fla`` into a fresh workdir; one step of our real trainer runs from it. Its logged step-1 loss (the loss
-   of the imported weights on the first mock batch) is compared with FLA's loss on that same batch. Pass: relative
-   difference <= 1e-2.
+   of the imported weights on the first mock batch) is compared with FLA's loss on that same batch, and the imported
+   model's logits with FLA's. Pass: loss relative difference <= 2e-3 and logits relative RMS error <= 2e-2.
 
 Prints one JSON object per kind and writes them all to ``--out`` (or ``$OUT/fla_parity.json``).
 """
@@ -35,7 +35,7 @@ from hybrid_jax.export import export_model, import_fla
 from hybrid_jax.export.fla import ARCHITECTURES
 from hybrid_jax.model import HybridLM
 
-LOGITS_TOL, LOSS_TOL = 2e-2, 1e-2
+LOGITS_TOL, LOSS_TOL = 2e-2, 2e-3  # random-init losses sit near ln(vocab): the logits check is the sharper one
 
 
 def small_config(kind: str, workdir: str = ""):
@@ -83,6 +83,7 @@ def fla_init_first_loss(kind: str, tmp: Path) -> dict:
     from transformers import AutoConfig
 
     from hybrid_jax.export.fla import fla_config
+    from hybrid_jax.train.load import load
     from hybrid_jax.train.loop import train
 
     cfg = small_config(kind, workdir=str(tmp / "run"))
@@ -92,19 +93,22 @@ def fla_init_first_loss(kind: str, tmp: Path) -> dict:
     torch.manual_seed(0)
     fla_model = auto.from_config(fla_cfg).cuda()
     fla_model.save_pretrained(tmp / "fla_init", safe_serialization=True)
-    import_fla(tmp / "fla_init", tmp / "run", cfg)
+    cfg = import_fla(tmp / "fla_init", tmp / "run", cfg)
     batch = next(make_train_iterator(cfg))  # the trainer's first batch: [B, T+1]
-    record = train(cfg, log=lambda *a: None)
+    imported, _ = load(tmp / "run", step=0)
+    ours_logits = np.asarray(jax.jit(lambda t: imported(t))(batch[:2, :-1]), np.float32)
+    record = train(cfg, log=lambda *a: None)  # resumes from the imported step-0 checkpoint, runs step 1
     fla_model = fla_model.to(torch.bfloat16).eval()
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.no_grad():
         inputs = torch.from_numpy(batch[:, :-1]).long().cuda()
         logits = fla_model(input_ids=inputs).logits.float()
         fla_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                    torch.from_numpy(batch[:, 1:]).long().cuda().reshape(-1)).item()
     ours = record["loss"]
     diff = abs(ours - fla_loss) / fla_loss
+    logits_err = rel_err(ours_logits, logits[:2].cpu().numpy())
     return dict(check="fla_init_first_loss", kind=kind, ours=ours, fla=fla_loss, rel_diff=diff, tol=LOSS_TOL,
-                ok=diff <= LOSS_TOL)
+                logits_rel_rms_err=logits_err, ok=diff <= LOSS_TOL and logits_err <= LOGITS_TOL)
 
 
 def main() -> None:
