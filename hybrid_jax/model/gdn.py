@@ -19,6 +19,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
+from hybrid_jax.model.cache import RecurrentCache, recurrent_impl, valid_steps, zero_padding
 from hybrid_jax.model.layers import (
     RMSNorm,
     ShortConv,
@@ -52,17 +53,36 @@ class GatedDeltaNet(nnx.Module):
         self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        return self._mix(x, lambda u: (self.conv1d(u), None))[0]
+
+    def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
+        """Zero state ``[B,Hv,dk,dv]`` float32 and conv tail ``[B,conv_size-1,2*Hk*dk+Hv*dv]``."""
+        return RecurrentCache(jnp.zeros((batch, self.hv, self.dk, self.dv), jnp.float32), self.conv1d.init_tail(batch))
+
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache
+               ) -> tuple[jax.Array, RecurrentCache]:
+        """Continue from ``cache`` with ``x [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` unused."""
+        y, state, tail = self._mix(x, lambda u: self.conv1d.extend(u, cache.conv, n), cache.state,
+                                   valid_steps(n, x.shape[1]))
+        return y, RecurrentCache(state, tail)
+
+    def _mix(self, x: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
+        """``(y [B,T,D], final state, conv tail)``; ``conv(u) -> (conv output, tail)``; pads (``~valid``) masked."""
         B, T, _ = x.shape
         qk, vd = self.hk * self.dk, self.hv * self.dv
         proj = self.in_proj(x)
         qkv, z, b, a = jnp.split(proj, [2 * qk + vd, 2 * qk + 2 * vd, 2 * qk + 2 * vd + self.hv], axis=-1)
-        q, k, v = split_heads(self.conv1d(qkv), ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
+        qkv, tail = conv(qkv)
+        q, k, v = split_heads(qkv, ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         g = decay_gate(self.A_log[...], a, self.dt_bias[...])
-        o, state = kernels.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True,
-                                                  chunk_size=self.chunk_size, impl=self.kernel_impl)
+        if valid is not None:
+            k, g, beta = zero_padding(valid, k, g, beta)
+        o, state = kernels.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                                  use_qk_l2norm=True, chunk_size=self.chunk_size,
+                                                  impl=recurrent_impl(self.kernel_impl, T))
         sow(self, "g", g)
         sow(self, "beta", beta)
         sow(self, "final_state", state)
         y = self.out_norm(o, jax.nn.silu(z.astype(jnp.float32)).reshape(B, T, self.hv, self.dv))
-        return self.out_proj(y.reshape(B, T, vd))
+        return self.out_proj(y.reshape(B, T, vd)), state, tail

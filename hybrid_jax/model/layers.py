@@ -126,13 +126,34 @@ class ShortConv(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Sums and SiLU in float32; the result in the compute dtype."""
-        K, T = self.kernel.shape[0], x.shape[1]
+        K = self.kernel.shape[0]
+        return self._conv(jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0))))
+
+    def _conv(self, xp: jax.Array) -> jax.Array:
+        """The conv of ``xp: [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs)."""
+        K, T = self.kernel.shape[0], xp.shape[1] - self.kernel.shape[0] + 1
         w = self.kernel[...].astype(jnp.float32)
-        xp = jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0)))
         y = sum(xp[:, j : j + T] * w[j] for j in range(K))
         if self.bias is not None:
             y = y + self.bias[...].astype(jnp.float32)
         return jax.nn.silu(y).astype(self.dtype)
+
+    def init_tail(self, batch: int) -> jax.Array:
+        """An empty tail ``[B,K-1,C]`` (zeros, as the causal padding) in the compute dtype."""
+        K, C = self.kernel.shape
+        return jnp.zeros((batch, K - 1, C), self.dtype)
+
+    def extend(self, x: jax.Array, tail: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Continue a sequence: ``x [B,T,C]`` after the cached ``tail [B,K-1,C]`` (its last ``K-1`` inputs).
+
+        Only the first ``n[b]`` steps of row ``b`` are real; the new tail ends at the last real one.
+        Returns ``(y [B,T,C], new tail [B,K-1,C])``.
+        """
+        K = self.kernel.shape[0]
+        xp = jnp.concatenate([tail.astype(jnp.float32), x.astype(jnp.float32)], axis=1)
+        index = n[:, None] + jnp.arange(K - 1)[None, :]  # the K-1 inputs before position n (in xp's coordinates)
+        new_tail = jnp.take_along_axis(xp, index[:, :, None], axis=1).astype(tail.dtype)
+        return self._conv(xp), new_tail
 
 
 # --------------------------------------------------------------------------------------------- MLP

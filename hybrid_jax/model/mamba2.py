@@ -21,6 +21,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
+from hybrid_jax.model.cache import RecurrentCache, recurrent_impl, valid_steps, zero_padding
 from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
 
 
@@ -49,16 +50,35 @@ class Mamba2(nnx.Module):
         self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size, dtype
 
     def __call__(self, u: jax.Array) -> jax.Array:
+        return self._mix(u, lambda xbc: (self.conv1d(xbc), None))[0]
+
+    def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
+        """Zero SSM state ``[B,nh,N,head_dim]`` float32 and conv tail ``[B,conv_size-1,d_in+2*G*N]``."""
+        return RecurrentCache(jnp.zeros((batch, self.nheads, self.state, self.head_dim), jnp.float32),
+                              self.conv1d.init_tail(batch))
+
+    def extend(self, u: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache
+               ) -> tuple[jax.Array, RecurrentCache]:
+        """Continue from ``cache`` with ``u [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` unused."""
+        y, state, tail = self._mix(u, lambda xbc: self.conv1d.extend(xbc, cache.conv, n), cache.state,
+                                   valid_steps(n, u.shape[1]))
+        return y, RecurrentCache(state, tail)
+
+    def _mix(self, u: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
+        """``(y [B,T,D], final state, conv tail)``; ``conv(xbc) -> (conv output, tail)``; pads get ``dt = B = 0``."""
         Bsz, T, _ = u.shape
         z, xbc, dt = jnp.split(self.in_proj(u), [self.d_in, 2 * self.d_in + 2 * self.groups * self.state], axis=-1)
-        x, b, c = split_heads(self.conv1d(xbc), ((self.nheads, self.head_dim), (self.groups, self.state),
-                                                 (self.groups, self.state)))
+        xbc, tail = conv(xbc)
+        x, b, c = split_heads(xbc, ((self.nheads, self.head_dim), (self.groups, self.state),
+                                    (self.groups, self.state)))
         dt = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))  # [B,T,nh]
+        if valid is not None:
+            b, dt = zero_padding(valid, b, dt)
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
         v = (dt[..., None] * x.astype(jnp.float32)).astype(self.dtype)
-        y, state = kernels.chunk_simple_gla(c, b, v, dt * a, scale=1.0, output_final_state=True,
-                                            chunk_size=self.chunk_size, impl=self.kernel_impl)
+        y, state = kernels.chunk_simple_gla(c, b, v, dt * a, scale=1.0, initial_state=state, output_final_state=True,
+                                            chunk_size=self.chunk_size, impl=recurrent_impl(self.kernel_impl, T))
         sow(self, "dt", dt)
         sow(self, "final_state", state)
         y = y.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
-        return self.out_proj(self.norm(y.reshape(Bsz, T, self.d_in), z))
+        return self.out_proj(self.norm(y.reshape(Bsz, T, self.d_in), z)), state, tail

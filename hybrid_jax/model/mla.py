@@ -25,6 +25,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
+from hybrid_jax.model.cache import MLACache
 from hybrid_jax.model.layers import RMSNorm, dense, dtypes, sow
 
 
@@ -53,12 +54,12 @@ def rope_frequencies(mla: ConfigDict) -> tuple[np.ndarray, float]:
     return inv_freq, yarn_mscale(factor, mla.mscale) / yarn_mscale(factor, mla.mscale_all_dim)
 
 
-def apply_rope(x: jax.Array, inv_freq: np.ndarray, magnitude: float) -> jax.Array:
-    """Rotate-half RoPE at positions ``0..T-1``. ``x: [B,T,H,dr]`` -> same shape and dtype (float32 inside)."""
-    T = x.shape[1]
-    angles = jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.asarray(inv_freq, jnp.float32)[None, :]  # [T, dr/2]
-    cos = (jnp.cos(angles) * magnitude)[None, :, None, :]
-    sin = (jnp.sin(angles) * magnitude)[None, :, None, :]
+def apply_rope(x: jax.Array, inv_freq: np.ndarray, magnitude: float, positions: jax.Array | None = None) -> jax.Array:
+    """Rotate-half RoPE at ``positions [B,T]`` (default ``0..T-1``). ``x: [B,T,H,dr]`` -> same shape and dtype."""
+    positions = jnp.arange(x.shape[1])[None, :] if positions is None else positions
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)  # [B|1, T, dr/2]
+    cos = (jnp.cos(angles) * magnitude)[:, :, None, :]
+    sin = (jnp.sin(angles) * magnitude)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -107,6 +108,42 @@ class MLA(nnx.Module):
         if self.capture_attention:
             sow(self, "attention", causal_attention_map(q, k, self.softmax_scale))
         return self.linear_proj(o.reshape(B, T, H * self.v_dim))
+
+    def init_cache(self, batch: int, max_len: int) -> MLACache:
+        """Zero latent ``[B,S,kv_lora_rank]`` and rope key ``[B,S,qk_rope_head_dim]`` for ``S = max_len``."""
+        dtype = self.kv_layernorm.dtype
+        return MLACache(jnp.zeros((batch, max_len, self.kv_lora_rank), dtype),
+                        jnp.zeros((batch, max_len, self.rope), dtype))
+
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: MLACache) -> tuple[jax.Array, MLACache]:
+        """Attend from ``x [B,T,D]`` at positions ``pos[b] + t`` over the cache, absorbed-projection form.
+
+        The new latents and rope keys are written at those positions first (pad steps beyond ``n`` too: later
+        tokens overwrite them before any query can see them). ``k_nope`` is folded into the query and ``v`` into the
+        output through ``linear_kv_up_proj``'s kernel ``[r, H, dn + dv]``, so per-head K/V are never formed::
+
+            score[s] = (q_nope W_uk^T) . latent[s] + q_rope . k_rope[s];   o = (softmax(score) latent) W_uv
+        """
+        B, T, _ = x.shape
+        H, r, inv_freq = self.num_heads, self.kv_lora_rank, np.asarray(self.inv_freq)
+        positions = pos[:, None] + jnp.arange(T)[None, :]  # [B,T]
+        q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x))).reshape(B, T, H, -1)
+        q_nope = q[..., : self.nope].astype(jnp.float32)
+        q_rope = apply_rope(q[..., self.nope :], inv_freq, self.rope_magnitude, positions).astype(jnp.float32)
+        latent_rope = self.linear_kv_down_proj(x)
+        latent = self.kv_layernorm(latent_rope[..., :r])
+        k_rope = apply_rope(latent_rope[:, :, None, r:], inv_freq, self.rope_magnitude, positions)[:, :, 0]
+        rows = jnp.arange(B)[:, None]
+        cache = MLACache(cache.latent.at[rows, positions].set(latent.astype(cache.latent.dtype)),
+                         cache.k_rope.at[rows, positions].set(k_rope.astype(cache.k_rope.dtype)))
+        w = self.linear_kv_up_proj.kernel[...].astype(jnp.float32).reshape(r, H, self.nope + self.v_dim)
+        c, kr = cache.latent.astype(jnp.float32), cache.k_rope.astype(jnp.float32)
+        q_latent = jnp.einsum("bthn,rhn->bthr", q_nope, w[..., : self.nope])
+        scores = (jnp.einsum("bthr,bsr->bhts", q_latent, c) + jnp.einsum("bthd,bsd->bhts", q_rope, kr))
+        visible = jnp.arange(c.shape[1])[None, None, :] <= positions[:, :, None]  # [B,T,S]
+        p = jax.nn.softmax(jnp.where(visible[:, None], scores * self.softmax_scale, -jnp.inf), axis=-1)
+        o = jnp.einsum("bthr,rhv->bthv", jnp.einsum("bhts,bsr->bthr", p, c), w[..., self.nope :])
+        return self.linear_proj(o.reshape(B, T, H * self.v_dim).astype(x.dtype)), cache
 
 
 def causal_attention_map(q: jax.Array, k: jax.Array, scale: float) -> jax.Array:

@@ -10,6 +10,8 @@
 Each sublayer sows its output (the residual stream after it) as ``output``; mixers sow their internals (see each
 mixer). Capture them with ``out, intermediates = nnx.capture(model, nnx.Intermediate)(tokens)``; outside a capture
 sowing is a no-op.
+Decoding: ``init_cache(batch, max_len)``, ``prefill(tokens, lengths, cache)`` and ``decode_step(token, cache)`` (see
+``hybrid_jax.model.cache``; ``compile_decoder`` jits them).
 ``model.remat``: ``"none"``, ``"mixer"`` (all but the MLPs) or ``"full"`` (every sublayer), via ``nnx.remat``.
 """
 
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.model.cache import Cache, MLACache, RecurrentCache
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.kda import KimiDeltaAttention
 from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, normal_init, sow
@@ -53,6 +56,17 @@ class Sublayer(nnx.Module):
         out = nnx.remat(Sublayer.residual)(self, x) if self.remat else self.residual(x)
         sow(self, "output", out)
         return out
+
+    def init_cache(self, batch: int, max_len: int) -> RecurrentCache | MLACache | None:
+        """The block's decoding cache (``None`` for an MLP)."""
+        return None if self.kind == "mlp" else self.block.init_cache(batch, max_len)
+
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache | MLACache | None
+               ) -> tuple[jax.Array, RecurrentCache | MLACache | None]:
+        """``x [B,T,D]`` continuing from ``cache`` at positions ``pos[b] + t``, first ``n[b]`` steps real."""
+        h = self.norm(x)
+        y, cache = (self.block(h), None) if self.kind == "mlp" else self.block.extend(h, n, pos, cache)
+        return x + y.astype(x.dtype), cache
 
 
 def tied_logits(features: jax.Array, embedding: jax.Array) -> jax.Array:
@@ -96,3 +110,29 @@ class HybridLM(nnx.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """``tokens int32 [B,T]`` -> logits ``[B,T,V]`` float32 (``tied_logits(features, embedding)``)."""
         return tied_logits(self.features(tokens), self.embedding)
+
+    # ----------------------------------------------------------------------------------------- decoding
+    def init_cache(self, batch: int, max_len: int) -> Cache:
+        """An empty :class:`Cache` for ``batch`` sequences of up to ``max_len`` tokens (prompt + generated)."""
+        return Cache(tuple(layer.init_cache(batch, max_len) for layer in self.layers), jnp.zeros((batch,), jnp.int32))
+
+    def extend(self, tokens: jax.Array, n: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+        """Feed ``tokens int32 [B,T]`` (row ``b``: ``n[b]`` real tokens, then right padding) after ``cache``.
+
+        Returns the logits of each row's last real token ``[B,V]`` float32 and the cache advanced by ``n``.
+        """
+        h = self.embed(tokens)
+        layers = []
+        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
+            h, layer_cache = layer.extend(h, n, cache.lengths, layer_cache)
+            layers.append(layer_cache)
+        last = jnp.take_along_axis(h, (n - 1)[:, None, None], axis=1)[:, 0]
+        return tied_logits(self.final_norm(last), self.embedding), Cache(tuple(layers), cache.lengths + n)
+
+    def prefill(self, tokens: jax.Array, lengths: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+        """Prompts ``tokens [B,T]`` right-padded, ``lengths [B] >= 1`` -> (last-token logits ``[B,V]``, cache)."""
+        return self.extend(tokens, lengths, cache)
+
+    def decode_step(self, token: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+        """One token per sequence ``token int32 [B]`` -> (its logits ``[B,V]``, the cache one token longer)."""
+        return self.extend(token[:, None], jnp.ones_like(cache.lengths), cache)
