@@ -2,7 +2,8 @@
 
 ``--hf EXPORT_DIR`` scores an exported HF directory with lm-eval's ``hf`` model instead of the JAX model.
 ``--data-dir DIR`` (or ``HYBRID_JAX_EVAL_DATA``): local ARC/PIQA jsonl files for the bundled task YAMLs.
-Results are printed as a table and written as JSON next to the checkpoints (``WORKDIR/eval/step_<N>_<backend>.json``).
+Results are printed and written as JSON next to the checkpoints (``WORKDIR/eval/step_<N>_jax.json``), or as
+``EXPORT_DIR/eval_results.json`` with ``--hf``.
 """
 
 from __future__ import annotations

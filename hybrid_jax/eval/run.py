@@ -44,7 +44,7 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
              num_fewshot: int | None = None, data_dir: str | Path | None = None, seed: int = 1234) -> dict:
     """Evaluate the checkpoint of ``workdir`` (JAX) or the export ``hf_dir`` (lm-eval's ``hf`` model with
     ``trust_remote_code``) on ``tasks``. Returns ``{"backend", "step", "tasks", "limit", "results": {task: metrics}}``
-    and writes it as ``WORKDIR/eval/step_<N>_<backend>.json`` (or ``HF_DIR/eval_results.json`` with no workdir)."""
+    and writes it as ``WORKDIR/eval/step_<N>_jax.json`` (``HF_DIR/eval_results.json`` for an export)."""
     import tempfile
 
     import lm_eval
@@ -69,7 +69,7 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
                                       log_samples=False)
     record = dict(backend=backend, step=step, source=str(hf_dir or workdir), tasks=tasks, limit=limit,
                   num_fewshot=num_fewshot, results=out["results"], n_samples=out.get("n-samples"))
-    path = (Path(workdir) / "eval" / f"step_{step}_{backend}.json") if workdir else Path(hf_dir) / "eval_results.json"
+    path = Path(hf_dir) / "eval_results.json" if hf_dir else Path(workdir) / "eval" / f"step_{step}_jax.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     record["path"] = str(path)
