@@ -23,11 +23,13 @@ the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the rev
 sum of q/k gradients over grouped value heads.
 
 Per-key gate (KDA, ``g [B,T,HV,K]``): ``gamma`` is a ``[C, K]`` tile and ``exp(gamma_i - gamma_j)`` sits inside
-the K-contraction of ``A`` and ``P`` (and of their gradients). It is factored per sub-chunk of ``SUB = 16`` rows
-(:func:`_gram`, :func:`_decay_matmul`): for rows in sub-chunk ``I`` and columns in earlier sub-chunks the
-reference is ``r = gamma`` at row 0 of ``I``, so both factors ``exp(gamma_i - r)`` and ``exp(r - gamma_j)`` are
-<= 1 (no overflow at any gate; tiny values underflow harmlessly) and no gate after row ``i`` is read; the
-diagonal ``16 x 16`` blocks are computed exactly, element by element, one column per loop step. The output
+the K-contraction of ``A`` and ``P`` (and of their gradients). It is factored hierarchically
+(:func:`_level_factors`): each pair ``j < i`` belongs to the one level at which ``i`` and ``j`` fall in different
+halves of a ``2^(l+1)``-row block, and there the reference is ``r = gamma`` at the first row of ``i``'s half, so
+both factors ``exp(gamma_i - r)`` and ``exp(r - gamma_j)`` are <= 1 (no overflow at any gate; tiny values
+underflow harmlessly) and no gate after row ``i`` is read. That is ``log2(C)`` matmuls per decayed product and no
+token loop (the diagonal needs no decay). FLA factors only its off-diagonal 16-row sub-blocks this way and
+computes the diagonal blocks token by token (or with a midpoint anchor that can read a later gate). The output
 kernel also stores ``P`` (input dtype, like ``T``) for the reverse state pass.
 
 Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32.
@@ -53,8 +55,6 @@ from hybrid_jax.kernels import reference
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig, recurrent_config
 
 F32 = jnp.float32
-SUB_BITS = 4
-SUB = 1 << SUB_BITS  # sub-chunk rows of the per-key decay factorisation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,16 +85,11 @@ def _masked_exp(diff: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
-def _row(x: jax.Array, r) -> jax.Array:
-    """Row ``r`` of a tile along axis 0 (a scalar for 1-D, ``[K]`` for 2-D); a masked sum, since Triton has no
-    dynamic element extraction."""
-    idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
-    return jnp.sum(jnp.where(idx == r, x, 0.0), axis=0)
-
-
 def _last(x: jax.Array) -> jax.Array:
-    """The last row of a gate tile: ``gamma_last``, a scalar (``[C]`` gate) or ``[K]`` (``[C, K]`` gate)."""
-    return _row(x, x.shape[0] - 1)
+    """The last row of a gate tile: ``gamma_last``, a scalar (``[C]`` gate) or ``[K]`` (``[C, K]`` gate); a masked
+    sum, since Triton has no dynamic element extraction."""
+    idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
+    return jnp.sum(jnp.where(idx == x.shape[0] - 1, x, 0.0), axis=0)
 
 
 def _col(x: jax.Array) -> jax.Array:
@@ -112,63 +107,51 @@ def _state_decay(gl: jax.Array) -> jax.Array:
     return jnp.exp(gl)[:, None] if gl.ndim == 1 else jnp.exp(gl)
 
 
-def _sub_rows(x: jax.Array, jj) -> jax.Array:
-    """``[C, K] -> [C, K]``: row ``i`` is row ``jj`` of ``i``'s sub-chunk, ``x[SUB * (i // SUB) + jj]``."""
-    rows = lax.broadcasted_iota(jnp.int32, x.shape, 0)
-    out = jnp.zeros(x.shape, F32)
-    for s in range(x.shape[0] // SUB):
-        out = jnp.where((rows >> SUB_BITS) == s, _row(x, s * SUB + jj)[None, :], out)
-    return out
+def _level_mask(C: int, level: int) -> jax.Array:
+    """``[C, C]``: pairs ``j < i`` that first fall in different halves of a ``2^(level+1)``-row block: ``i`` in the
+    second half, ``j`` in the first. Over ``level = 0 .. log2(C) - 1`` these partition the strict lower triangle."""
+    i, j = _iota(C)
+    return ((i >> (level + 1)) == (j >> (level + 1))) & ((i >> level) != (j >> level)) & (i > j)
 
 
-def _sub_factors(gam: jax.Array, s: int) -> tuple[jax.Array, jax.Array]:
-    """Decay factors around ``r = gamma[SUB * s]`` (row 0 of sub-chunk ``s``), both <= 1:
-    ``exp(gamma_i - r)`` on the rows of sub-chunk ``s`` (0 elsewhere) and ``exp(r - gamma_j)`` on earlier rows."""
+def _level_factors(gam: jax.Array, level: int) -> tuple[jax.Array, jax.Array]:
+    """``[C, K]`` decay factors of one level around ``r`` = ``gamma`` at the first row of the second half of each
+    row's ``2^(level+1)``-block: ``exp(gamma_i - r)`` on second-half rows and ``exp(r - gamma_j)`` on first-half
+    rows (0 elsewhere). Both are <= 1 (``gamma`` is non-increasing) and their product is ``exp(gamma_i -
+    gamma_j)`` for the pairs of :func:`_level_mask`; ``r`` is at or before row ``i``, so no later gate is read.
+    ``r`` is gathered by a one-hot matmul, exactly, with ``gamma`` split into three bf16 pieces."""
+    C = gam.shape[0]
+    i, j = _iota(C)
+    onehot = jnp.where(j == ((i >> (level + 1)) << (level + 1)) + (1 << level), 1.0, 0.0).astype(jnp.bfloat16)
+    r = jnp.zeros(gam.shape, F32)
+    rest = gam
+    for _ in range(3):
+        piece = rest.astype(jnp.bfloat16)
+        r = r + _dot(onehot, piece)
+        rest = rest - piece.astype(F32)
     rows = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
-    r = _row(gam, s * SUB)[None, :]
-    return (_masked_exp(gam - r, (rows >> SUB_BITS) == s),
-            _masked_exp(r - gam, rows < s * SUB))
-
-
-def _sub_src(shape: tuple[int, int], jj) -> tuple[jax.Array, jax.Array]:
-    """Row index ``i`` of a tile and its source row ``SUB * (i // SUB) + jj`` in the diagonal-block loop."""
-    rows = lax.broadcasted_iota(jnp.int32, shape, 0)
-    return rows, ((rows >> SUB_BITS) << SUB_BITS) + jj
-
-
-def _diag_decay(gam: jax.Array, jj, strict: bool, transpose: bool) -> jax.Array:
-    """``[C, K]`` decay of one step of the exact diagonal-block loop: ``exp(gamma_i - gamma_src)`` where
-    ``src <= i`` (transposed: ``exp(gamma_src - gamma_i)`` where ``src >= i``; strict: ``<`` / ``>``), 0 elsewhere
-    (masked before ``exp``)."""
-    rows, src = _sub_src(gam.shape, jj)
-    g_src = _sub_rows(gam, jj)
-    if transpose:
-        return _masked_exp(g_src - gam, (src > rows) if strict else (src >= rows))
-    return _masked_exp(gam - g_src, (src < rows) if strict else (src <= rows))
+    second = (rows >> level) != ((rows >> (level + 1)) << 1)
+    return _masked_exp(gam - r, second), _masked_exp(r - gam, jnp.logical_not(second))
 
 
 def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool) -> jax.Array:
     """``G_ij = sum_d a_id b_jd exp(gamma_i(d) - gamma_j(d))`` for ``j < i`` (``j <= i`` unless strict), else 0.
 
-    ``a, b: [C, K]``; ``gam: [C]`` (the decay leaves the matmul) or ``[C, K]`` (sub-chunk factorisation)."""
+    ``a, b: [C, K]``; ``gam: [C]`` (the decay leaves the matmul) or ``[C, K]`` (one factored matmul per level of
+    :func:`_level_factors`; the diagonal needs no decay)."""
     C = a.shape[0]
     i, j = _iota(C)
-    mask = (i > j) if strict else (i >= j)
     if gam.ndim == 1:
-        return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], mask)
+        return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], (i > j) if strict else (i >= j))
     cd = a.dtype
     af, bf = a.astype(F32), b.astype(F32)
     g = jnp.zeros((C, C), F32)
-    for s in range(1, C // SUB):
-        row_f, col_f = _sub_factors(gam, s)
-        g = g + _dot((af * row_f).astype(cd), (bf * col_f).astype(cd).T)
-
-    def diag(jj, g):
-        e = _diag_decay(gam, jj, strict, transpose=False)
-        col = jnp.sum(af * _sub_rows(bf, jj) * e, axis=1)
-        return g + jnp.where(j == _sub_src((C, C), jj)[1], col[:, None], 0.0)
-
-    return lax.fori_loop(0, SUB, diag, g)
+    for level in range(C.bit_length() - 1):
+        row_f, col_f = _level_factors(gam, level)
+        g = g + jnp.where(_level_mask(C, level), _dot((af * row_f).astype(cd), (bf * col_f).astype(cd).T), 0.0)
+    if not strict:
+        g = g + jnp.where(i == j, jnp.sum(af * bf, axis=1)[:, None], 0.0)
+    return g
 
 
 def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool) -> jax.Array:
@@ -178,22 +161,18 @@ def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, tran
     C = m.shape[0]
     cd = b.dtype
     bf = b.astype(F32)
-    mm = m.T if transpose else m
     y = jnp.zeros(b.shape, F32)
-    for s in range(1, C // SUB):
-        row_f, col_f = _sub_factors(gam, s)
+    for level in range(C.bit_length() - 1):
+        row_f, col_f = _level_factors(gam, level)
+        ml = jnp.where(_level_mask(C, level), m, 0.0)
         if transpose:
-            y = y + col_f * _dot(mm.astype(cd), (bf * row_f).astype(cd))
+            y = y + col_f * _dot(ml.T.astype(cd), (bf * row_f).astype(cd))
         else:
-            y = y + row_f * _dot(mm.astype(cd), (bf * col_f).astype(cd))
-    _, j = _iota(C)
-
-    def diag(jj, y):
-        e = _diag_decay(gam, jj, strict, transpose)
-        m_src = jnp.sum(jnp.where(j == _sub_src((C, C), jj)[1], mm, 0.0), axis=1)  # mm[i, src_i]
-        return y + m_src[:, None] * _sub_rows(bf, jj) * e
-
-    return lax.fori_loop(0, SUB, diag, y)
+            y = y + row_f * _dot(ml.astype(cd), (bf * col_f).astype(cd))
+    if not strict:
+        i, j = _iota(C)
+        y = y + jnp.sum(jnp.where(i == j, m, 0.0), axis=1)[:, None] * bf
+    return y
 
 
 def _dot_split(a: jax.Array, b: jax.Array) -> jax.Array:
