@@ -119,16 +119,13 @@ def _level_factors(gam: jax.Array, level: int) -> tuple[jax.Array, jax.Array]:
     row's ``2^(level+1)``-block: ``exp(gamma_i - r)`` on second-half rows and ``exp(r - gamma_j)`` on first-half
     rows (0 elsewhere). Both are <= 1 (``gamma`` is non-increasing) and their product is ``exp(gamma_i -
     gamma_j)`` for the pairs of :func:`_level_mask`; ``r`` is at or before row ``i``, so no later gate is read.
-    ``r`` is gathered by a one-hot matmul, exactly, with ``gamma`` split into three bf16 pieces."""
-    C = gam.shape[0]
-    i, j = _iota(C)
-    onehot = jnp.where(j == ((i >> (level + 1)) << (level + 1)) + (1 << level), 1.0, 0.0).astype(jnp.bfloat16)
-    r = jnp.zeros(gam.shape, F32)
-    rest = gam
-    for _ in range(3):
-        piece = rest.astype(jnp.bfloat16)
-        r = r + _dot(onehot, piece)
-        rest = rest - piece.astype(F32)
+    ``r`` is broadcast over each block by a reshape to ``[blocks, 2^(level+1), K]`` and a masked sum (exact)."""
+    C, K = gam.shape
+    P = 2 << level
+    blocks = gam.reshape(C // P, P, K)
+    pos = lax.broadcasted_iota(jnp.int32, blocks.shape, 1)
+    r = jnp.sum(jnp.where(pos == P // 2, blocks, 0.0), axis=1)
+    r = jnp.broadcast_to(r[:, None, :], blocks.shape).reshape(C, K)
     rows = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
     second = (rows >> level) != ((rows >> (level + 1)) << 1)
     return _masked_exp(gam - r, second), _masked_exp(r - gam, jnp.logical_not(second))
