@@ -1,13 +1,15 @@
-"""Time the Pallas recurrent kernels (GDN, simple GLA / Mamba2 SSD) on a GPU and check them against the XLA form.
+"""Time the Pallas recurrent kernels (GDN, KDA, simple GLA / Mamba2 SSD) on a GPU and check them against the XLA form.
 
     python -m benchmarks.kernels [--only NAME ...] [--repeats 20] [--xla-timing]
 
-bf16 inputs like FLA's anchor (``k`` L2-normalised, ``g = logsigmoid(randn) / 16``, ``beta = sigmoid(rand)``),
+bf16 inputs like FLA's anchor (``k`` L2-normalised, ``g = logsigmoid(randn) / 16`` (per key channel for KDA),
+``beta = sigmoid(rand)``),
 forward and forward+backward (gradients of every input), median of ``--repeats`` timed calls after warm-up.
 Each result is checked against the chunked XLA form in float32 on the same inputs (relative RMS error:
 forward <= 5e-3, gradients <= 2e-2). Prints a table and writes ``$OUT/ours_kernels.json``.
 Achieved rates use the H200's dense bf16 peak (989 TFLOP/s) and HBM bandwidth (4.8 TB/s); the FLOP and
-byte counts are those of our kernel decomposition (see ``work``).
+byte counts are those of our kernel decomposition (see ``work``). KDA rows also print their time over our GDN's
+at the same shape (the goal is <= 1.4x).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from hybrid_jax.kernels.tuning import current_arch, recurrent_config  # noqa: E4
 PEAK_FLOPS = 989e12  # H200 dense bf16
 PEAK_BYTES = 4.8e12  # H200 HBM3e
 # FLA 0.6.0 on the same H200 (design.md section 8): (fwd ms, fwd+bwd ms)
-FLA_MS = {"gdn_anchor": (0.887, 2.818), "ssd_anchor": (0.590, 2.503)}
+FLA_MS = {"gdn_anchor": (0.887, 2.818), "ssd_anchor": (0.590, 2.503), "kda_anchor": (1.088, 4.935)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Shape:
     K: int
     V: int
     delta: bool  # GDN (delta rule) or simple GLA
+    per_key: bool = False  # KDA: a gate per key channel (with the delta rule)
 
 
 SHAPES = [
@@ -75,7 +78,12 @@ SHAPES = [
     Shape("gdn_300m", 8, 2048, 4, 8, 64, 64, True),
     Shape("gdn_1b", 8, 2048, 8, 16, 64, 64, True),
     Shape("mamba2_300m", 8, 2048, 8, 32, 64, 64, False),
+    Shape("kda_anchor", 8, 2048, 16, 16, 128, 128, True, per_key=True),
+    Shape("kda_300m", 8, 2048, 8, 8, 32, 64, True, per_key=True),
+    Shape("kda_1b", 8, 2048, 16, 16, 32, 64, True, per_key=True),
 ]
+# KDA shape -> the GDN shape it is compared with (same B, T, heads and dims)
+GDN_OF = {"kda_anchor": "gdn_anchor"}
 
 
 def inputs(s: Shape, seed: int = 0) -> dict[str, jax.Array]:
@@ -85,7 +93,7 @@ def inputs(s: Shape, seed: int = 0) -> dict[str, jax.Array]:
         q=jax.random.normal(ks[0], (s.B, s.T, s.H, s.K), bf),
         k=reference.l2_normalize(jax.random.normal(ks[1], (s.B, s.T, s.H, s.K))).astype(bf),
         v=jax.random.normal(ks[2], (s.B, s.T, s.HV, s.V), bf),
-        g=jax.nn.log_sigmoid(jax.random.normal(ks[3], (s.B, s.T, s.HV))) / 16,
+        g=jax.nn.log_sigmoid(jax.random.normal(ks[3], (s.B, s.T, s.HV) + ((s.K,) if s.per_key else ()))) / 16,
     )
     if s.delta:
         x["beta"] = jax.nn.sigmoid(jax.random.uniform(ks[4], (s.B, s.T, s.HV))).astype(bf)
@@ -131,7 +139,8 @@ def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> di
     x = inputs(s)
     st = chunk_pallas.Static(s.K**-0.5, chunk, config, interpret)
     q, k, v, beta = reference.l2_normalize(x["q"]).astype(x["q"].dtype), x["k"], x["v"], x.get("beta")
-    gam = jnp.cumsum(x["g"].reshape(s.B, s.T // chunk, chunk, s.HV), axis=2).reshape(s.B, s.T, s.HV)
+    g = x["g"]
+    gam = jnp.cumsum(g.reshape(s.B, s.T // chunk, chunk, *g.shape[2:]), axis=2).reshape(g.shape)
     h0 = jnp.zeros((s.B, s.HV, s.K, s.V), jnp.float32)
     do = jax.random.normal(jax.random.PRNGKey(1), v.shape, v.dtype)
     args = {}
@@ -142,7 +151,8 @@ def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> di
     args["state"] = (k, gam, w, u, h0)
     h, vn, _ = chunk_pallas.state_fwd(st, *args["state"])
     args["output"] = (q, k, vn, gam, h)
-    args["state_bwd"] = (q, k, gam, w, do, h0)
+    _, p = chunk_pallas.output(st, *args["output"])
+    args["state_bwd"] = (q, k, gam, w, p, do, h0)
     dh, dvn, _ = chunk_pallas.state_bwd(st, *args["state_bwd"])
     args["grad"] = (q, k, v, beta, gam, u, w, t, h, dh, vn, dvn if s.delta else None, do)
     return args
@@ -162,7 +172,8 @@ def rel_rms(x, ref) -> float:
 def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     """Matmul FLOPs and HBM bytes of our kernels, kernel by kernel (bf16 tensors 2 bytes, float32 4).
 
-    Per chunk and value head; q/k reads are counted per value head (grouped heads may hit in L2).
+    Per chunk and value head; q/k reads are counted per value head (grouped heads may hit in L2). KDA is counted
+    as GDN (its extra sub-chunk matmuls, exact diagonal blocks and [C, K] gate reads are not included).
     """
     K, V, d = s.K, s.V, s.delta
     NV = max(1, V // block_v)
@@ -186,7 +197,8 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False) -> dict:
     x = inputs(s)
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
-    fwd, fwd_bwd = make_fns(s, "pallas", recurrent_config(), interpret)
+    cfg = recurrent_config(per_key=s.per_key)
+    fwd, fwd_bwd = make_fns(s, "pallas", cfg, interpret)
     res = dict(dataclasses.asdict(s), fwd_ms=median_ms(fwd, x, repeats=repeats),
                fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats))
     # correctness: our bf16 kernels vs the XLA form in float32 on the same inputs
@@ -197,8 +209,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False) -> di
     res["err_o"] = rel_rms(o, o_ref)
     res.update({f"err_d{n}": rel_rms(grads[n], g_ref[n]) for n in x})
     res["ok"] = res["err_o"] <= 5e-3 and all(res[f"err_d{n}"] <= 2e-2 for n in x)
-    args = stage_args(s, recurrent_config(), interpret=interpret)
-    res["stages_ms"] = {n: stage_ms(n, a, recurrent_config(), repeats, interpret=interpret) for n, a in args.items()}
+    args = stage_args(s, cfg, interpret=interpret)
+    res["stages_ms"] = {n: stage_ms(n, a, cfg, repeats, interpret=interpret) for n, a in args.items()}
     if xla_timing:
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
@@ -239,6 +251,10 @@ def main() -> None:
             results[s.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{s.name:<12} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
             continue
+        if s.name in GDN_OF and "fwd_ms" in results.get(GDN_OF[s.name], {}):
+            gdn = results[GDN_OF[s.name]]
+            r["over_gdn_fwd"], r["over_gdn_fwdbwd"] = r["fwd_ms"] / gdn["fwd_ms"], r["fwdbwd_ms"] / gdn["fwdbwd_ms"]
+            print(f"{s.name}: / our GDN  fwd {r['over_gdn_fwd']:.2f}x  fwd+bwd {r['over_gdn_fwdbwd']:.2f}x", flush=True)
         results[s.name] = r
         err = max(v for n, v in r.items() if n.startswith("err_"))
         ratio = (f"{r['ratio_fwd']:7.2f} {r['ratio_fwdbwd']:7.2f}" if "ratio_fwd" in r else f"{'-':>7} {'-':>7}")
