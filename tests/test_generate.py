@@ -1,0 +1,93 @@
+"""``python -m hybrid_jax.generate``: a demo run trained a few steps, sampled from, checked (and its HF export)."""
+
+import io
+import math
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax import generate
+from tests.conftest import REPO, load_config
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """The demo config (every sublayer kind, mock data) trained for a few steps with the real trainer."""
+    from hybrid_jax.train.loop import train
+
+    path = tmp_path_factory.mktemp("demo_run")
+    config = load_config("demo")
+    config.train.update(dict(steps=STEPS, global_batch_size=16, micro_batch_size=2, seq_len=32, warmup_steps=2,
+                             log_every=2, save_every=STEPS, workdir=str(path)))
+    train(config, log=lambda *_: None)
+    return path
+
+
+def test_prompt_ids_greedy_matches_full_forward(workdir, capsys):
+    prompt = [5, 17, 3, 99]
+    generate.main(["--workdir", str(workdir), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "6"])
+    out = capsys.readouterr()
+    ids = [int(x) for x in out.out.split()]
+    assert len(ids) == 6 and "tokens/s decoding" in out.err
+    model, _ = __import__("hybrid_jax").load(workdir)
+    logits = model(jnp.asarray([prompt + ids[:-1]]))[0, len(prompt) - 1 :]  # teacher-forced: each id is the argmax
+    assert ids == np.argmax(np.asarray(logits), axis=-1).tolist()
+
+
+def test_text_prompt_without_tokenizer_is_refused(workdir):
+    with pytest.raises(SystemExit, match="no tokenizer .* --prompt-ids"):
+        generate.main(["--workdir", str(workdir), "--prompt", "hello"])
+
+
+def test_chat_reads_turns_from_stdin(workdir, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("1 2 3\n4,5\n"))
+    generate.main(["--workdir", str(workdir), "--chat", "--max-new-tokens", "3", "--temperature", "1.0"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(len(line.split()) == 3 for line in lines)
+
+
+def test_check_prints_loss_and_greedy(workdir, capsys):
+    args = generate.parse_args(["--workdir", str(workdir), "--check", "--max-new-tokens", "5", "--check-docs", "2"])
+    model, config = __import__("hybrid_jax").load(workdir)
+    result = generate.check(model, config, generate.Codec(None), args)
+    out = capsys.readouterr().out
+    assert "mock data (no tokenizer)" in out and "validation loss over 2 documents" in out
+    assert all(0 < x < math.log(config.model.vocab_size) + 1 for x in result["loss"])
+    assert len(result["greedy"]) == 5
+
+
+def test_check_of_hf_export_agrees(workdir, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hybrid_jax.export.writer import export
+
+    export(workdir, tmp_path / "hf")
+    out = subprocess.run([sys.executable, "-m", "hybrid_jax.generate", "--workdir", str(workdir), "--check",
+                          "--hf", str(tmp_path / "hf"), "--max-new-tokens", "8", "--check-docs", "2"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(same tokens as the JAX model)" in out.stdout, out.stdout
+    jax_loss, hf_loss = map(float, re.findall(r"validation loss (?:over \d+ documents: )?(\d+\.\d+)", out.stdout))
+    assert abs(jax_loss - hf_loss) < 1e-4
+
+
+def test_sampling():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]] * 20000))
+    assert (generate.sample(logits, jax.random.key(0), temperature=0.0, top_p=1.0) == 0).all()
+    freq = np.bincount(np.asarray(generate.sample(logits, jax.random.key(1), temperature=1.0, top_p=1.0)),
+                       minlength=4) / 20000
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.015)
+    nucleus = np.bincount(np.asarray(generate.sample(logits, jax.random.key(2), temperature=1.0, top_p=0.7)),
+                          minlength=4) / 20000  # the smallest set reaching 0.7: tokens 0 and 1, renormalised
+    np.testing.assert_allclose(nucleus, [0.625, 0.375, 0, 0], atol=0.015)
+    hot = np.bincount(np.asarray(generate.sample(logits, jax.random.key(3), temperature=2.0, top_p=1.0)),
+                      minlength=4) / 20000
+    p = np.sqrt([0.5, 0.3, 0.15, 0.05])
+    np.testing.assert_allclose(hot, p / p.sum(), atol=0.015)
