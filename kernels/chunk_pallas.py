@@ -38,8 +38,8 @@ kernel also stores ``P`` (input dtype, like ``T``) for the reverse state pass.
 Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32.
 The carried state, the gate sums, the gradients and the triangular inverse are computed in float32; the
 intermediates kept in HBM (u, w, T, v_new, per-chunk state snapshots) are stored in the input dtype, as
-FLA does. Only 2-D dots, power-of-two blocks, ``fori_loop`` loops and masks applied to exponents before
-``exp`` (the Triton lowering's limits).
+FLA does. Only 2-D dots, power-of-two blocks (and reshapes), single-axis reductions, ``fori_loop`` loops and
+masks applied to exponents before ``exp`` (the Triton lowering's limits).
 """
 
 from __future__ import annotations
