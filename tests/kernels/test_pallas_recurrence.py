@@ -156,8 +156,10 @@ def test_kda_bfloat16():
 
 
 def test_kda_strongly_negative_gates():
-    """Gates down to -20 per step and per channel: span of 640 in a chunk, no overflow or NaN."""
+    """Gates down to -20 per step and per channel (a span of 640 in a chunk), and -1000 on some (step, channel)
+    pairs as in FLA's stress test: no overflow or NaN, same values and gradients."""
     inputs, weights = make_inputs(13, B=1, T=40, per_key=True, g_min=-20.0)
+    inputs["g"] = inputs["g"].at[:, 5::11, :, ::3].set(-1000.0)
     check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
 
 
