@@ -15,15 +15,17 @@ STEPS = 6  # decode steps per sequence
 MAX_LEN = 32
 
 
-def model_of(pattern: str) -> HybridLM:
+def model_of(pattern: str, impl: str = "xla") -> HybridLM:
     cfg = load_config("demo").model
-    cfg.update(dict(pattern=pattern, num_layers=len(pattern), vocab_size=64, init_std=0.1))
+    cfg.update(dict(pattern=pattern, num_layers=len(pattern), vocab_size=64, init_std=0.1, kernel_impl=impl))
     return HybridLM(cfg, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("pattern", ["G-", "K-", "S-", "*-", "*-G-K-S-"])
-def test_prefill_and_decode_match_forward(pattern):
-    model = model_of(pattern)
+@pytest.mark.parametrize("pattern,impl", [("G-", "xla"), ("K-", "xla"), ("S-", "xla"), ("*-", "xla"),
+                                          ("*-G-K-S-", "xla"), ("K-", "pallas_interpret")])
+def test_prefill_and_decode_match_forward(pattern, impl):
+    """Prefill runs the chunked kernel (``impl``: XLA, or the GPU Pallas kernel interpreted), decode the recurrence."""
+    model = model_of(pattern, impl)
     B, total = len(LENGTHS), int(LENGTHS.max()) + STEPS
     tokens = np.asarray(jax.random.randint(jax.random.key(1), (B, total), 0, 64, dtype=jnp.int32))
     full = np.asarray(nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens)))  # [B,total,V]
