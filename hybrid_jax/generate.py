@@ -264,12 +264,16 @@ def chat(gen: Generator, codec: Codec, args: argparse.Namespace, key: jax.Array)
     state = {"cache": gen.new_cache(1), "pending": []}  # pending: the last sampled token, not yet in the cache
     print("[chat: one line per turn; ctrl-D ends]", file=sys.stderr)
     for line in sys.stdin:
-        turn = codec.encode(ids=line) if codec.tokenizer is None else codec.encode(line, start=not state["pending"])
-        if not turn:
+        if not line.strip():
             continue
+
+        def encode(start: bool, line: str = line) -> list[int]:  # the first turn of a context starts a document
+            return codec.encode(ids=line) if codec.tokenizer is None else codec.encode(line, start=start)
+
+        turn = encode(not state["pending"])
         if int(state["cache"].lengths[0]) + len(state["pending"]) + len(turn) + args.max_new_tokens > gen.cache_len:
             print("[context full: starting over]", file=sys.stderr)
-            state = {"cache": gen.new_cache(1), "pending": []}
+            state, turn = {"cache": gen.new_cache(1), "pending": []}, encode(True)
         key, sub = jax.random.split(key)
         logits, cache = gen.feed([state["pending"] + turn], state["cache"])
 

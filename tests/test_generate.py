@@ -49,9 +49,12 @@ def test_text_prompt_without_tokenizer_is_refused(workdir):
 
 def test_chat_reads_turns_from_stdin(workdir, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("1 2 3\n4,5\n"))
-    generate.main(["--workdir", str(workdir), "--chat", "--max-new-tokens", "3", "--temperature", "1.0"])
-    lines = capsys.readouterr().out.strip().splitlines()
+    generate.main(["--workdir", str(workdir), "--chat", "--max-new-tokens", "3", "--temperature", "1.0",
+                   "--cache-len", "10"])
+    out = capsys.readouterr()
+    lines = out.out.strip().splitlines()
     assert len(lines) == 2 and all(len(line.split()) == 3 for line in lines)
+    assert "starting over" in out.err  # turn 2: 5 cached + 1 pending + 2 + 3 new > 10
 
 
 def test_check_prints_loss_and_greedy(workdir, capsys):
