@@ -41,7 +41,7 @@ def main() -> None:
 
     print(f"{current_arch()} {args.shape}: start {best}", flush=True)
     fields = [("block_v", BLOCK_V, ("state", "state_bwd"))] + [
-        (n, LAUNCHES, (n,)) for n in ("wy", "state", "output", "state_bwd", "grad", "grad_wy")]
+        (n, LAUNCHES, (n,)) for n in ("wy", "state", "output", "state_bwd", "grad")]
     for field, values, stages in fields:
         best_ms = measure(best, stages)
         print(f"{field}: {getattr(best, field)} {best_ms:.3f} ms", flush=True)

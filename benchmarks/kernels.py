@@ -131,7 +131,7 @@ def median_ms(fn, *args, repeats: int) -> float:
 
 
 STAGES = {"wy": chunk_pallas.wy, "state": chunk_pallas.state_fwd, "output": chunk_pallas.output,
-          "state_bwd": chunk_pallas.state_bwd, "grad": chunk_pallas.grad, "grad_wy": chunk_pallas.grad_wy}
+          "state_bwd": chunk_pallas.state_bwd, "grad": chunk_pallas.grad}
 
 
 def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> dict[str, tuple]:
@@ -154,9 +154,7 @@ def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> di
     _, p = chunk_pallas.output(st, *args["output"])
     args["state_bwd"] = (q, k, gam, w, p, do, h0)
     dh, dvn, _ = chunk_pallas.state_bwd(st, *args["state_bwd"])
-    args["grad"] = (q, k, gam, h, dh, vn, do)
-    if s.delta:
-        args["grad_wy"] = (k, v, beta, gam, u, w, t, h, dvn)
+    args["grad"] = (q, k, v, beta, gam, u, w, t, h, dh, vn, dvn if s.delta else None, do)
     return args
 
 
@@ -191,7 +189,6 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     bytes_b = (NV * (4 * K + 4 + (2 * K if d else 0)) + 2 * V + 4 * V) * C + snap  # reverse state pass
     bytes_b += (4 * K + 4 + 4 * V + 8 * K + 4) * C + 2 * snap  # gradient pass
     bytes_b += (2 * V + 2 + 2 * V + 2 * K + 4 * C + 4 * V + 4 * V + 4) * C if d else 0
-    bytes_b += ((2 * K + 4 * K + 4) * C + snap) if d else 0  # grad_wy re-reads k and h, writes its dk and dgamma
     n = s.B * (s.T // C) * s.HV  # chunk-heads
     return dict(fwd_flops=n * flops_f, fwdbwd_flops=n * (flops_f + flops_b),
                 fwd_bytes=n * bytes_f, fwdbwd_bytes=n * (bytes_f + bytes_b))

@@ -16,10 +16,7 @@ forward   ``wy``        [B, HV, N]   A, T by a block-doubling inverse in float32
           ``state``     [B, HV, NV]  sequential over chunks, float32 state in registers: h snapshots, v_new
           ``output``    [B, HV, N]   o
 backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_new), d(initial state)
-          ``grad``      [B, HV, N]   dq, dk, d(gamma) through the output and the state update
-          ``grad_wy``   [B, HV, N]   dv, dbeta and the rest of dk, d(gamma) through the WY transform (delta rule
-                                     only; split from ``grad`` so that neither holds all the [C, K] and [K, V]
-                                     tiles at once: the single kernel spilled registers at K = V = 128)
+          ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included)
 
 XLA glue does the cheap elementwise work: padding (T to a multiple of C, K and V to powers of two),
 the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the reverse cumsum), and the
@@ -38,8 +35,8 @@ kernel also stores ``P`` (input dtype, like ``T``) for the reverse state pass.
 Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32.
 The carried state, the gate sums, the gradients and the triangular inverse are computed in float32; the
 intermediates kept in HBM (u, w, T, v_new, per-chunk state snapshots) are stored in the input dtype, as
-FLA does. Only 2-D dots, power-of-two blocks (and reshapes), single-axis reductions, ``fori_loop`` loops and
-masks applied to exponents before ``exp`` (the Triton lowering's limits).
+FLA does. Only 2-D dots, power-of-two blocks, ``fori_loop`` loops and masks applied to exponents before
+``exp`` (the Triton lowering's limits).
 """
 
 from __future__ import annotations
@@ -313,22 +310,28 @@ def _gram_vjp(m: jax.Array, a: jax.Array, b: jax.Array, gam: jax.Array, strict: 
     return _dot(dm.astype(cd), b), _dot(dm.T.astype(cd), a), jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
 
 
-def _grad_kernel(q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref, *, scale: float):
-    """One chunk, through the output and the state update: dq, dk and d(gamma) (the whole gradient without the
-    delta rule; with it, :func:`_grad_wy_kernel` adds the WY part)."""
+def _grad_kernel(*refs, scale: float, delta: bool):
+    """One chunk: dq, dk, d(gamma) and, with the delta rule, dv and dbeta (through the WY transform)."""
+    if delta:
+        (q_ref, k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
+         dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
+    else:
+        q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
     q = q_ref[...]
     k = k_ref[...]
+    cd = q.dtype
     qf, kf = q.astype(F32), k.astype(F32)
     gam = gam_ref[...]
     per_key = gam.ndim == 2
     gl = _last(gam)
+    eg = jnp.exp(gam)
     h = h_ref[...]
     dh = dh_ref[...]
     vn = vn_ref[...]
     do = do_ref[...]
 
     # o = (scale Q exp(gamma)) h + P v_new,  P = scale _gram(Q, K) (inclusive lower)
-    dq = _dot(do, h.T) * scale * _col(jnp.exp(gam))
+    dq = _dot(do, h.T) * scale * _col(eg)
     dgam = _red(dq * qf, per_key)
     dq_p, dk, dgam_p = _gram_vjp(_dot(do, vn.T) * scale, q, k, gam, strict=False)
     dq = dq + dq_p
@@ -343,51 +346,37 @@ def _grad_kernel(q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, d
     hdh = jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)  # single-axis reductions only (Triton lowering)
     dgl = jnp.sum(r, axis=0) + (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
 
+    if delta:
+        # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
+        b = beta_ref[...].astype(F32)
+        dvn = dvn_ref[...]
+        tc = t_ref[...]
+        t_du = _dot(tc.T, dvn.astype(cd))
+        t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
+        dv_ref[...] = t_du * b[:, None]
+        x = t_dw * kf * _col(eg)
+        dk = dk + t_dw * b[:, None] * _col(eg)
+        db = jnp.sum(t_du * v_ref[...].astype(F32), axis=1) + jnp.sum(x, axis=1)
+        dgam = dgam + _red(x * b[:, None], per_key)
+        # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
+        # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
+        da = -(_dot(t_du.astype(cd), u_ref[...].T) + _dot(t_dw.astype(cd), w_ref[...].T))
+        if per_key:
+            y = _decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
+            db = db + jnp.sum(y * kf, axis=1)
+            z = _decay_matmul(da * b[:, None], k, gam, strict=True, transpose=True)
+            dk = dk + y * b[:, None] + z
+            dgam = dgam + kf * (y * b[:, None] - z)
+        else:
+            db = db + jnp.sum(da * _gram(k, k, gam, strict=True), axis=1)
+            dk_row, dk_col, dgam_a = _gram_vjp(da * b[:, None], k, k, gam, strict=True)
+            dk = dk + dk_row + dk_col
+            dgam = dgam + dgam_a
+        dbeta_ref[...] = db
+
     idx = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
     dgam_ref[...] = jnp.where(idx == gam.shape[0] - 1, dgam + dgl, dgam)
     dq_ref[...] = dq
-    dk_ref[...] = dk
-
-
-def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dvn_ref,
-                    dk_ref, dgam_ref, dv_ref, dbeta_ref):
-    """One chunk, through ``v_new = u - w h`` and the WY transform: dv, dbeta and the delta rule's parts of dk and
-    d(gamma). A separate kernel from :func:`_grad_kernel` so that neither holds all the tiles at once."""
-    k = k_ref[...]
-    cd = k.dtype
-    kf = k.astype(F32)
-    gam = gam_ref[...]
-    per_key = gam.ndim == 2
-    eg = _col(jnp.exp(gam))
-    h = h_ref[...]
-    b = beta_ref[...].astype(F32)
-    dvn = dvn_ref[...]
-    tc = t_ref[...]
-
-    # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
-    t_du = _dot(tc.T, dvn.astype(cd))
-    t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
-    dv_ref[...] = t_du * b[:, None]
-    x = t_dw * kf * eg
-    dk = t_dw * b[:, None] * eg
-    db = jnp.sum(t_du * v_ref[...].astype(F32), axis=1) + jnp.sum(x, axis=1)
-    dgam = _red(x * b[:, None], per_key)
-    # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
-    # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
-    da = -(_dot(t_du.astype(cd), u_ref[...].T) + _dot(t_dw.astype(cd), w_ref[...].T))
-    if per_key:
-        y = _decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
-        db = db + jnp.sum(y * kf, axis=1)
-        z = _decay_matmul(da * b[:, None], k, gam, strict=True, transpose=True)
-        dk = dk + y * b[:, None] + z
-        dgam = dgam + kf * (y * b[:, None] - z)
-    else:
-        db = db + jnp.sum(da * _gram(k, k, gam, strict=True), axis=1)
-        dk_row, dk_col, dgam_a = _gram_vjp(da * b[:, None], k, k, gam, strict=True)
-        dk = dk + dk_row + dk_col
-        dgam = dgam + dgam_a
-    dbeta_ref[...] = db
-    dgam_ref[...] = dgam
     dk_ref[...] = dk
 
 
@@ -534,30 +523,27 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht):
     )(*ins)
 
 
-def grad(st: Static, q, k, gam, h, dh, vn, do):
-    """Through the output and state update -> per value head ``dq, dk [B,T,HV,K]`` and ``d(gamma)`` (the gate's
-    shape), float32."""
-    B, T, HV, K, V, N, _, s = _dims(st, q, vn, gam)
+def grad(st: Static, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do):
+    """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule
+    (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32."""
+    B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
+    kernel = functools.partial(_grad_kernel, scale=st.scale, delta=beta is not None)
+    out_specs = [s.tok(K), s.tok(K), s.gate()]
+    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds(gam.shape, F32)]
+    if beta is None:
+        return _call(
+            kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
+            [s.qk(K), s.qk(K), s.gate(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
+            out_specs, out_shape,
+        )(q, k, gam, h, dh, vn, do)
     return _call(
-        functools.partial(_grad_kernel, scale=st.scale), "grad_bwd", st.cfg.grad, st, (B, HV, N),
-        [s.qk(K), s.qk(K), s.gate(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
-        [s.tok(K), s.tok(K), s.gate()],
-        [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds(gam.shape, F32)],
-    )(q, k, gam, h, dh, vn, do)
-
-
-def grad_wy(st: Static, k, v, beta, gam, u, w, t, h, dvn):
-    """Through the WY transform (delta rule) -> the delta rule's part of ``dk [B,T,HV,K]`` and ``d(gamma)``, and
-    ``dv [B,T,HV,V]``, ``dbeta [B,T,HV]``, float32."""
-    B, T, HV, K, V, N, _, s = _dims(st, k, v, gam)
-    sds = jax.ShapeDtypeStruct
-    return _call(
-        _grad_wy_kernel, "grad_wy_bwd", st.cfg.grad_wy, st, (B, HV, N),
-        [s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(K), s.tok(st.chunk), s.snap(K, V), s.tok(V)],
-        [s.tok(K), s.gate(), s.tok(V), s.vec()],
-        [sds((B, T, HV, K), F32), sds(gam.shape, F32), sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
-    )(k, v, beta, gam, u, w, t, h, dvn)
+        kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
+        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(K), s.tok(st.chunk),
+         s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V), s.tok(V)],
+        out_specs + [s.tok(V), s.vec()],
+        out_shape + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
+    )(q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
 
 
 def _forward(st: Static, q, k, v, gam, beta, h0):
@@ -573,12 +559,12 @@ def _backward(st: Static, res, do, dht):
     B, T, H, K = q.shape
     do = do.astype(q.dtype)
     dh, dvn, dh0 = state_bwd(st, q, k, gam, w, p, do, dht)
-    dq, dk, dgam = grad(st, q, k, gam, h, dh, vn, do)
     if beta is None:
+        dq, dk, dgam = grad(st, q, k, v, None, gam, None, None, None, h, dh, vn, None, do)
         dv, dbeta = dvn, None
     else:
-        dk_wy, dgam_wy, dv, dbeta = grad_wy(st, k, v, beta, gam, u, w, t, h, dvn)
-        dk, dgam, dbeta = dk + dk_wy, dgam + dgam_wy, dbeta.astype(beta.dtype)
+        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
+        dbeta = dbeta.astype(beta.dtype)
     group = (B, T, H, v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(q.dtype)
     dk = dk.reshape(group).sum(3).astype(k.dtype)

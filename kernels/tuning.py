@@ -35,8 +35,7 @@ class RecurrentConfig:
     state: Launch = Launch()  # sequential inter-chunk state pass (forward)
     output: Launch = Launch()  # parallel output pass
     state_bwd: Launch = Launch()  # sequential reverse pass for dh and d(v_new)
-    grad: Launch = Launch()  # parallel gradient pass through the output and state update (dq, dk, dg)
-    grad_wy: Launch = Launch()  # parallel gradient pass through the WY transform (dv, dbeta, dk, dg)
+    grad: Launch = Launch()  # parallel gradient pass (dq, dk, dv, dbeta, dg)
 
 
 RECURRENT: dict[str, RecurrentConfig] = {
@@ -47,7 +46,6 @@ RECURRENT: dict[str, RecurrentConfig] = {
         output=Launch(4, 2),
         state_bwd=Launch(4, 2),
         grad=Launch(8, 1),
-        grad_wy=Launch(8, 1),
     ),
     # 64 KiB LDS: keep state tiles small and a single stage.
     "gfx942": RecurrentConfig(
@@ -57,7 +55,6 @@ RECURRENT: dict[str, RecurrentConfig] = {
         output=Launch(4, 1),
         state_bwd=Launch(4, 1),
         grad=Launch(8, 1),
-        grad_wy=Launch(8, 1),
     ),
     "gfx950": RecurrentConfig(
         block_v=64,
@@ -66,7 +63,6 @@ RECURRENT: dict[str, RecurrentConfig] = {
         output=Launch(4, 1),
         state_bwd=Launch(4, 1),
         grad=Launch(8, 1),
-        grad_wy=Launch(8, 1),
     ),
     "fallback": RecurrentConfig(),
 }
@@ -82,7 +78,6 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         output=Launch(8, 2),
         state_bwd=Launch(4, 2),
         grad=Launch(8, 1),
-        grad_wy=Launch(8, 1),
     ),
     # 64 KiB LDS: small state tiles, a single stage.
     "gfx942": RecurrentConfig(
@@ -92,7 +87,6 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         output=Launch(8, 1),
         state_bwd=Launch(4, 1),
         grad=Launch(8, 1),
-        grad_wy=Launch(8, 1),
     ),
     "gfx950": RecurrentConfig(
         block_v=64,
@@ -101,7 +95,6 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         output=Launch(8, 1),
         state_bwd=Launch(4, 1),
         grad=Launch(8, 1),
-        grad_wy=Launch(8, 1),
     ),
     "fallback": RecurrentConfig(),
 }

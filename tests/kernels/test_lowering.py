@@ -59,7 +59,7 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
 
         return fwd_bwd
 
-    kernels = (3 if delta else 2) * (2 if backward else 1)
+    kernels = (3 if delta else 2) + (2 if backward else 0)
     return Case(name, make, args, kernels)
 
 
