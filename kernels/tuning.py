@@ -67,8 +67,8 @@ RECURRENT: dict[str, RecurrentConfig] = {
     "fallback": RecurrentConfig(),
 }
 
-# KDA (per-key gate): ``wy``, ``output`` and ``grad`` hold several [C, K] float32 decay tiles and loop over the
-# diagonal sub-blocks, so they get more warps (registers); the sequential passes match GDN. Unmeasured starting
+# KDA (per-key gate): ``wy``, ``output`` and ``grad`` hold several [C, K] float32 decay tiles and do log2(C)
+# masked matmuls per decayed product, so they get more warps (registers); the sequential passes match GDN. Unmeasured starting
 # points (``benchmarks/autotune.py`` fills them on a GPU).
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
     "sm90": RecurrentConfig(
