@@ -36,6 +36,30 @@ class Cache(NamedTuple):
     lengths: jax.Array  # [B] int32: tokens consumed so far (= position of the next token)
 
 
+class RecurrentMixer(nnx.Module):
+    """Training call and decode plumbing shared by the recurrent mixers (GDN, KDA, Mamba2).
+
+    A subclass sets ``self.conv1d`` (a ``ShortConv``) and ``self.state_shape`` (the per-sequence float32 state,
+    ``(HV, K, V)``) and implements ``_mix(x, conv, state=None, valid=None) -> (y [B,T,D], final state, conv tail)``,
+    where ``conv(u) -> (conv output, tail)`` and padded steps (``~valid``) must leave the state alone.
+    """
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [B,T,D] -> [B,T,D]`` from a zero state."""
+        return self._mix(x, lambda u: (self.conv1d(u), None))[0]
+
+    def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
+        """Zero state ``[B, *state_shape]`` float32 and conv tail ``[B, conv_size - 1, C]``; ``max_len`` unused."""
+        return RecurrentCache(jnp.zeros((batch, *self.state_shape), jnp.float32), self.conv1d.init_tail(batch))
+
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache
+               ) -> tuple[jax.Array, RecurrentCache]:
+        """Continue from ``cache`` with ``x [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` unused."""
+        y, state, tail = self._mix(x, lambda u: self.conv1d.extend(u, cache.conv, n), cache.state,
+                                   valid_steps(n, x.shape[1]))
+        return y, RecurrentCache(state, tail)
+
+
 def valid_steps(n: jax.Array, steps: int) -> jax.Array:
     """``[B, steps]`` bool: step ``t`` of row ``b`` is real when ``t < n[b]`` (right padding after it)."""
     return jnp.arange(steps)[None, :] < n[:, None]

@@ -19,7 +19,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.cache import RecurrentCache, recurrent_impl, valid_steps, zero_padding
+from hybrid_jax.model.cache import RecurrentMixer, recurrent_impl, zero_padding
 from hybrid_jax.model.layers import (
     RMSNorm,
     ShortConv,
@@ -33,7 +33,7 @@ from hybrid_jax.model.layers import (
 )
 
 
-class GatedDeltaNet(nnx.Module):
+class GatedDeltaNet(RecurrentMixer):
     """GDN mixer on ``x: [B,T,D] -> [B,T,D]``."""
 
     def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
@@ -51,20 +51,7 @@ class GatedDeltaNet(nnx.Module):
         self.out_norm = RMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.out_proj = dense(cfg, vd, cfg.hidden_size, rngs=rngs)
         self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self._mix(x, lambda u: (self.conv1d(u), None))[0]
-
-    def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
-        """Zero state ``[B,Hv,dk,dv]`` float32 and conv tail ``[B,conv_size-1,2*Hk*dk+Hv*dv]``."""
-        return RecurrentCache(jnp.zeros((batch, self.hv, self.dk, self.dv), jnp.float32), self.conv1d.init_tail(batch))
-
-    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache
-               ) -> tuple[jax.Array, RecurrentCache]:
-        """Continue from ``cache`` with ``x [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` unused."""
-        y, state, tail = self._mix(x, lambda u: self.conv1d.extend(u, cache.conv, n), cache.state,
-                                   valid_steps(n, x.shape[1]))
-        return y, RecurrentCache(state, tail)
+        self.state_shape = (self.hv, self.dk, self.dv)
 
     def _mix(self, x: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(u) -> (conv output, tail)``; pads (``~valid``) masked."""

@@ -21,11 +21,11 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.cache import RecurrentCache, recurrent_impl, valid_steps, zero_padding
+from hybrid_jax.model.cache import RecurrentMixer, recurrent_impl, zero_padding
 from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
 
 
-class Mamba2(nnx.Module):
+class Mamba2(RecurrentMixer):
     """Mamba2 mixer on ``u: [B,T,D] -> [B,T,D]``."""
 
     def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
@@ -48,21 +48,7 @@ class Mamba2(nnx.Module):
         self.norm = GroupRMSNorm(self.d_in, self.groups, eps=c.norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.out_proj = dense(cfg, self.d_in, cfg.hidden_size, rngs=rngs)
         self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size, dtype
-
-    def __call__(self, u: jax.Array) -> jax.Array:
-        return self._mix(u, lambda xbc: (self.conv1d(xbc), None))[0]
-
-    def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
-        """Zero SSM state ``[B,nh,N,head_dim]`` float32 and conv tail ``[B,conv_size-1,d_in+2*G*N]``."""
-        return RecurrentCache(jnp.zeros((batch, self.nheads, self.state, self.head_dim), jnp.float32),
-                              self.conv1d.init_tail(batch))
-
-    def extend(self, u: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache
-               ) -> tuple[jax.Array, RecurrentCache]:
-        """Continue from ``cache`` with ``u [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` unused."""
-        y, state, tail = self._mix(u, lambda xbc: self.conv1d.extend(xbc, cache.conv, n), cache.state,
-                                   valid_steps(n, u.shape[1]))
-        return y, RecurrentCache(state, tail)
+        self.state_shape = (self.nheads, self.state, self.head_dim)  # SSD: k = B (state_dim), v = dt*x
 
     def _mix(self, u: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(xbc) -> (conv output, tail)``; pads get ``dt = B = 0``."""
