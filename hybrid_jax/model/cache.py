@@ -37,16 +37,18 @@ class Cache(NamedTuple):
 
 
 class RecurrentMixer(nnx.Module):
-    """Training call and decode plumbing shared by the recurrent mixers (GDN, KDA, Mamba2).
+    """Decode plumbing shared by the recurrent mixers (GDN, KDA, Mamba2).
 
     A subclass sets ``self.conv1d`` (a ``ShortConv``) and ``self.state_shape`` (the per-sequence float32 state,
     ``(HV, K, V)``) and implements ``_mix(x, conv, state=None, valid=None) -> (y [B,T,D], final state, conv tail)``,
-    where ``conv(u) -> (conv output, tail)`` and padded steps (``~valid``) must leave the state alone.
+    where ``conv(u) -> (conv output, tail)`` and padded steps (``~valid``) must leave the state alone. Each subclass
+    defines its own ``__call__`` (``self._mix(x, self.plain_conv)[0]``): ``nnx.capture(..., method_outputs=...)``
+    instruments only methods defined on the class itself, and the notebook captures every block's ``__call__``.
     """
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """``x [B,T,D] -> [B,T,D]`` from a zero state."""
-        return self._mix(x, lambda u: (self.conv1d(u), None))[0]
+    def plain_conv(self, u: jax.Array) -> tuple[jax.Array, None]:
+        """The training-time short conv (zero history, no tail kept)."""
+        return self.conv1d(u), None
 
     def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
         """Zero state ``[B, *state_shape]`` float32 and conv tail ``[B, conv_size - 1, C]``; ``max_len`` unused."""

@@ -53,6 +53,9 @@ class GatedDeltaNet(RecurrentMixer):
         self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size
         self.state_shape = (self.hv, self.dk, self.dv)
 
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self._mix(x, self.plain_conv)[0]
+
     def _mix(self, x: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(u) -> (conv output, tail)``; pads (``~valid``) masked."""
         B, T, _ = x.shape

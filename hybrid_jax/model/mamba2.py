@@ -50,6 +50,9 @@ class Mamba2(RecurrentMixer):
         self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size, dtype
         self.state_shape = (self.nheads, self.state, self.head_dim)  # SSD: k = B (state_dim), v = dt*x
 
+    def __call__(self, u: jax.Array) -> jax.Array:
+        return self._mix(u, self.plain_conv)[0]
+
     def _mix(self, u: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(xbc) -> (conv output, tail)``; pads get ``dt = B = 0``."""
         Bsz, T, _ = u.shape
