@@ -68,8 +68,8 @@ RECURRENT: dict[str, RecurrentConfig] = {
 }
 
 # KDA (per-key gate): ``wy``, ``output`` and ``grad`` hold several [C, K] float32 decay tiles and do log2(C)
-# masked matmuls per decayed product, so they get more warps (registers); the sequential passes match GDN. Unmeasured starting
-# points (``benchmarks/autotune.py`` fills them on a GPU).
+# masked matmuls per decayed product, so they get more warps (registers); the sequential passes match GDN.
+# Unmeasured starting points (``benchmarks/autotune.py`` fills them on a GPU).
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
     "sm90": RecurrentConfig(
         block_v=64,
