@@ -6,7 +6,7 @@ also at ragged T and Dqk != Dv) against the float32 XLA reference. ``--sweep`` f
 per kernel (coordinate descent at H16, per head dim) and times the best beside the table's. Writes
 ``$OUT/ours_attention.json`` and prints a table. ``--smoke`` runs tiny shapes (interpreted on CPU).
 
-    python3 benchmarks/attention.py [--sweep] [--smoke]
+    python3 -m benchmarks.attention [--sweep] [--smoke]
 """
 
 from __future__ import annotations
@@ -21,16 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.shapes import ATTENTION_SHAPES as SHAPES
 from hybrid_jax import kernels
 from hybrid_jax.kernels import flash_attention as flash
 from hybrid_jax.kernels import reference, tuning
 
-SHAPES = {  # name: (B, T, H, Dqk, Dv)
-    "B8 T2048 H16 D128": (8, 2048, 16, 128, 128),
-    "300M MLA H16 qk64 v64": (8, 2048, 16, 64, 64),
-    "1B MLA H32 qk64 v64": (8, 2048, 32, 64, 64),
-    "3B MLA H24 qk128 v128": (8, 2048, 24, 128, 128),
-}
 CHECKS = [  # (B, T, H, Dqk, Dv, dtype, causal)
     (2, 1000, 4, 48, 32, jnp.bfloat16, True),
     (2, 1000, 4, 48, 32, jnp.bfloat16, False),
@@ -99,10 +94,23 @@ def check(interpret: bool, gpu: bool) -> list[dict]:
                 print(f"check {name} B{B} T{T} qk{dqk} v{dv} {jnp.dtype(dtype).name}: failed {str(e)[:300]}")
                 rows.append(dict(impl=name, shape=[B, T, H, dqk, dv], dtype=jnp.dtype(dtype).name, error=str(e)))
                 continue
-            rows.append(dict(impl=name, shape=[B, T, H, dqk, dv], dtype=jnp.dtype(dtype).name, causal=causal,
-                             fwd=errs[0], dq=errs[1], dk=errs[2], dv=errs[3]))
-            print(f"check {name:6s} B{B} T{T} H{H} qk{dqk} v{dv} {jnp.dtype(dtype).name:8s} causal={causal}: "
-                  + " ".join(f"{n} {e:.1e}" for n, e in zip(("o", "dq", "dk", "dv"), errs, strict=True)), flush=True)
+            rows.append(
+                dict(
+                    impl=name,
+                    shape=[B, T, H, dqk, dv],
+                    dtype=jnp.dtype(dtype).name,
+                    causal=causal,
+                    fwd=errs[0],
+                    dq=errs[1],
+                    dk=errs[2],
+                    dv=errs[3],
+                )
+            )
+            print(
+                f"check {name:6s} B{B} T{T} H{H} qk{dqk} v{dv} {jnp.dtype(dtype).name:8s} causal={causal}: "
+                + " ".join(f"{n} {e:.1e}" for n, e in zip(("o", "dq", "dk", "dv"), errs, strict=True)),
+                flush=True,
+            )
     return rows
 
 
@@ -119,8 +127,9 @@ def sweep(shape, interpret: bool, budget_s: float) -> tuple[tuning.AttentionConf
             if time.perf_counter() - start > budget_s:
                 break
             cfg = dataclasses.replace(best, **{kernel: cand})
-            fwd, grad = fwd_and_grad(lambda q, k, v, c=cfg: flash.flash_attention(q, k, v, config=c,
-                                                                                  interpret=interpret))
+            fwd, grad = fwd_and_grad(
+                lambda q, k, v, c=cfg: flash.flash_attention(q, k, v, config=c, interpret=interpret)
+            )
             try:
                 ms = bench(fwd, q, k, v, n=10, reps=2) if kernel == "fwd" else bench(grad, q, k, v, do, n=10, reps=2)
             except Exception as e:  # a tile that does not fit (shared memory, registers) is skipped
@@ -165,12 +174,14 @@ def main() -> None:
     timings = result["timings"] = {}
     for name, (B, T, H, dqk, dv) in shapes.items():
         q, k, v, do = inputs(B, T, H, dqk, dv, jnp.bfloat16)
-        impls = {f"pallas_{label}": (lambda q, k, v, c=cfg: flash.flash_attention(q, k, v, config=c,
-                                                                                   interpret=interpret))
-                 for label, cfg in configs[flash._pow2(max(dqk, dv))].items()}
+        impls = {
+            f"pallas_{label}": (lambda q, k, v, c=cfg: flash.flash_attention(q, k, v, config=c, interpret=interpret))
+            for label, cfg in configs[flash._pow2(max(dqk, dv))].items()
+        }
         if gpu:
-            impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                                                          implementation="cudnn")
+            impls["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
+                q, k, v, is_causal=True, implementation="cudnn"
+            )
             impls["auto"] = lambda q, k, v: kernels.attention(q, k, v, impl="auto")
         row = timings[name] = {"auto_choice": flash.auto_impl(q, v)}
         for label, attn in impls.items():
@@ -184,8 +195,11 @@ def main() -> None:
         if "cudnn" in row:
             for label in [x for x in impls if x.startswith("pallas") and x in row]:
                 row[f"{label}_over_cudnn"] = tuple(a / b for a, b in zip(row[label], row["cudnn"], strict=True))
-                print(f"{name:24s} {label} / cudnn: {row[f'{label}_over_cudnn'][0]:.2f}x / "
-                      f"{row[f'{label}_over_cudnn'][1]:.2f}x", flush=True)
+                print(
+                    f"{name:24s} {label} / cudnn: {row[f'{label}_over_cudnn'][0]:.2f}x / "
+                    f"{row[f'{label}_over_cudnn'][1]:.2f}x",
+                    flush=True,
+                )
         dump()
     print(f"\nwrote {out_dir}/ours_attention.json")
 

@@ -49,6 +49,7 @@ def _import_kernels_from_source() -> None:
 
 _import_kernels_from_source()
 
+from benchmarks.shapes import SHAPES, Shape  # noqa: E402
 from hybrid_jax.kernels import chunk_pallas, reference  # noqa: E402
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence  # noqa: E402
 from hybrid_jax.kernels.tuning import current_arch, recurrent_config  # noqa: E402
@@ -59,29 +60,6 @@ PEAK_BYTES = 4.8e12  # H200 HBM3e
 FLA_MS = {"gdn_anchor": (0.887, 2.818), "ssd_anchor": (0.590, 2.503), "kda_anchor": (1.088, 4.935)}
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    name: str
-    B: int
-    T: int
-    H: int  # q/k heads
-    HV: int  # value heads
-    K: int
-    V: int
-    delta: bool  # GDN (delta rule) or simple GLA
-    per_key: bool = False  # KDA: a gate per key channel (with the delta rule)
-
-
-SHAPES = [
-    Shape("gdn_anchor", 8, 2048, 16, 16, 128, 128, True),
-    Shape("ssd_anchor", 8, 2048, 32, 32, 128, 64, False),
-    Shape("gdn_300m", 8, 2048, 4, 8, 64, 64, True),
-    Shape("gdn_1b", 8, 2048, 8, 16, 64, 64, True),
-    Shape("mamba2_300m", 8, 2048, 8, 32, 64, 64, False),
-    Shape("kda_anchor", 8, 2048, 16, 16, 128, 128, True, per_key=True),
-    Shape("kda_300m", 8, 2048, 8, 8, 32, 64, True, per_key=True),
-    Shape("kda_1b", 8, 2048, 16, 16, 32, 64, True, per_key=True),
-]
 # KDA shape -> the GDN shape it is compared with (same B, T, heads and dims)
 GDN_OF = {"kda_anchor": "gdn_anchor"}
 
@@ -106,8 +84,9 @@ def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
     def fwd(x):
         beta = x.get("beta")
         if impl == "pallas":
-            o, _ = chunk_recurrence(x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, config=config,
-                                    interpret=interpret)
+            o, _ = chunk_recurrence(
+                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, config=config, interpret=interpret
+            )
         else:
             o, _ = reference.chunked_recurrence(x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta)
         return o
@@ -130,8 +109,13 @@ def median_ms(fn, *args, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-STAGES = {"wy": chunk_pallas.wy, "state": chunk_pallas.state_fwd, "output": chunk_pallas.output,
-          "state_bwd": chunk_pallas.state_bwd, "grad": chunk_pallas.grad}
+STAGES = {
+    "wy": chunk_pallas.wy,
+    "state": chunk_pallas.state_fwd,
+    "output": chunk_pallas.output,
+    "state_bwd": chunk_pallas.state_bwd,
+    "grad": chunk_pallas.grad,
+}
 
 
 def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> dict[str, tuple]:
@@ -190,8 +174,12 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     bytes_b += (4 * K + 4 + 4 * V + 8 * K + 4) * C + 2 * snap  # gradient pass
     bytes_b += (2 * V + 2 + 2 * V + 2 * K + 4 * C + 4 * V + 4 * V + 4) * C if d else 0
     n = s.B * (s.T // C) * s.HV  # chunk-heads
-    return dict(fwd_flops=n * flops_f, fwdbwd_flops=n * (flops_f + flops_b),
-                fwd_bytes=n * bytes_f, fwdbwd_bytes=n * (bytes_f + bytes_b))
+    return dict(
+        fwd_flops=n * flops_f,
+        fwdbwd_flops=n * (flops_f + flops_b),
+        fwd_bytes=n * bytes_f,
+        fwdbwd_bytes=n * (bytes_f + bytes_b),
+    )
 
 
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False) -> dict:
@@ -199,8 +187,11 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False) -> di
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
     cfg = recurrent_config(per_key=s.per_key)
     fwd, fwd_bwd = make_fns(s, "pallas", cfg, interpret)
-    res = dict(dataclasses.asdict(s), fwd_ms=median_ms(fwd, x, repeats=repeats),
-               fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats))
+    res = dict(
+        dataclasses.asdict(s),
+        fwd_ms=median_ms(fwd, x, repeats=repeats),
+        fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats),
+    )
     # correctness: our bf16 kernels vs the XLA form in float32 on the same inputs
     xf = {n: a.astype(jnp.float32) for n, a in x.items()}
     _, ref_fwd_bwd = make_fns(s, "xla")
@@ -234,14 +225,23 @@ def main() -> None:
     ap.add_argument("--xla-timing", action="store_true", help="also time the XLA form")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     args = ap.parse_args()
-    shapes = [dataclasses.replace(s, B=1, T=128, H=max(1, s.H // 8), HV=max(1, s.HV // 8)) for s in SHAPES] \
-        if args.smoke else SHAPES
-    print(f"device {jax.devices()[0].device_kind}  arch {current_arch()}  jax {jax.__version__}  "
-          f"config {recurrent_config()}", flush=True)
+    shapes = (
+        [dataclasses.replace(s, B=1, T=128, H=max(1, s.H // 8), HV=max(1, s.HV // 8)) for s in SHAPES]
+        if args.smoke
+        else SHAPES
+    )
+    print(
+        f"device {jax.devices()[0].device_kind}  arch {current_arch()}  jax {jax.__version__}  "
+        f"config {recurrent_config()}",
+        flush=True,
+    )
     results = {}
     out = Path(os.environ.get("OUT", ".")) / "ours_kernels.json"
-    print(f"{'shape':<12} {'fwd ms':>8} {'f+b ms':>8} {'/FLA f':>7} {'/FLA fb':>7} {'TF% f':>6} {'TF% fb':>6} "
-          f"{'BW% f':>6} {'BW% fb':>6}  max err   ok", flush=True)
+    print(
+        f"{'shape':<12} {'fwd ms':>8} {'f+b ms':>8} {'/FLA f':>7} {'/FLA fb':>7} {'TF% f':>6} {'TF% fb':>6} "
+        f"{'BW% f':>6} {'BW% fb':>6}  max err   ok",
+        flush=True,
+    )
     for s in shapes:
         if args.only and s.name not in args.only:
             continue
@@ -257,11 +257,13 @@ def main() -> None:
             print(f"{s.name}: / our GDN  fwd {r['over_gdn_fwd']:.2f}x  fwd+bwd {r['over_gdn_fwdbwd']:.2f}x", flush=True)
         results[s.name] = r
         err = max(v for n, v in r.items() if n.startswith("err_"))
-        ratio = (f"{r['ratio_fwd']:7.2f} {r['ratio_fwdbwd']:7.2f}" if "ratio_fwd" in r else f"{'-':>7} {'-':>7}")
-        print(f"{s.name:<12} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {ratio} {100 * r['fwd_mfu']:6.1f} "
-              f"{100 * r['fwdbwd_mfu']:6.1f} {100 * r['fwd_hbm']:6.1f} {100 * r['fwdbwd_hbm']:6.1f}  {err:.1e} "
-              f"{r['ok']}" + (f"  xla {r['xla_fwd_ms']:.3f}/{r['xla_fwdbwd_ms']:.3f} ms" if args.xla_timing else ""),
-              flush=True)
+        ratio = f"{r['ratio_fwd']:7.2f} {r['ratio_fwdbwd']:7.2f}" if "ratio_fwd" in r else f"{'-':>7} {'-':>7}"
+        print(
+            f"{s.name:<12} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {ratio} {100 * r['fwd_mfu']:6.1f} "
+            f"{100 * r['fwdbwd_mfu']:6.1f} {100 * r['fwd_hbm']:6.1f} {100 * r['fwdbwd_hbm']:6.1f}  {err:.1e} "
+            f"{r['ok']}" + (f"  xla {r['xla_fwd_ms']:.3f}/{r['xla_fwdbwd_ms']:.3f} ms" if args.xla_timing else ""),
+            flush=True,
+        )
         if "stages_ms" in r:
             print(" " * 13 + "  ".join(f"{n} {ms:.3f}" for n, ms in r["stages_ms"].items()), flush=True)
         out.write_text(json.dumps(results, indent=1))

@@ -6,8 +6,8 @@
 The global batch is set to ``micro_batch_size x accum x devices`` (one optimizer step = ``accum`` micro-batches
 per device) so a step takes seconds, not minutes. Prints one JSON object (and writes it to ``--out`` or
 ``$OUT/train_throughput.json``): tokens/s, tokens/s/device, MFU (``hybrid_jax.flops``), step time, peak device
-memory, the first and last loss and the number of skipped steps. Timed steps exclude the ``--warmup`` steps
-(compilation included there).
+memory, the parameters and optimizer state held per device (ZeRO-1 shards the latter), the first and last loss
+and the number of skipped steps. Timed steps exclude the ``--warmup`` steps (compilation included there).
 """
 
 from __future__ import annotations
@@ -38,14 +38,31 @@ _ACCUM = flags.DEFINE_integer("accum", 1, "micro-batches per device per step")
 _OUT = flags.DEFINE_string("out", "", "JSON output path (default $OUT/train_throughput.json when $OUT is set)")
 
 
+def resident_gib(tree) -> float:
+    """GiB of ``tree``'s arrays held on the first local device (its shard of each sharded array)."""
+    device = jax.local_devices()[0]
+    return (
+        sum(
+            shard.data.nbytes
+            for leaf in jax.tree.leaves(tree)
+            for shard in leaf.addressable_shards
+            if shard.device == device
+        )
+        / 2**30
+    )
+
+
 def benchmark(config, *, steps: int, warmup: int) -> dict:
     mesh = mesh_lib.make_mesh(config.mesh)
     accum = validate(config, mesh_lib.batch_shards(mesh))
     tx = make_optimizer(config.train)
     t0 = time.perf_counter()
     graphdef, state, shardings = init_state(
-        lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed)), tx, mesh,
-        zero1=config.train.zero1, seed=config.train.seed,
+        lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed)),
+        tx,
+        mesh,
+        zero1=config.train.zero1,
+        seed=config.train.seed,
     )
     step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=accum)
     data = make_train_iterator(config, process_index=jax.process_index(), process_count=jax.process_count())
@@ -59,6 +76,7 @@ def benchmark(config, *, steps: int, warmup: int) -> dict:
             out.append(metrics)
         return jax.device_get(out)
 
+    params_gib, opt_state_gib = resident_gib(state["params"]), resident_gib(state["opt_state"])
     first = run(warmup)
     setup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -89,7 +107,10 @@ def benchmark(config, *, steps: int, warmup: int) -> dict:
         flops_per_token=fpt,
         tflops_per_s_per_device=per_device * fpt / 1e12,
         mfu=per_device * fpt / peak if peak else None,
+        zero1=config.train.zero1,
         peak_memory_gib=peak_memory,
+        params_gib_per_device=params_gib,
+        opt_state_gib_per_device=opt_state_gib,
         setup_and_warmup_s=setup_s,
         loss_first=float(metrics[0]["loss"]),
         loss_last=float(metrics[-1]["loss"]),
