@@ -1,38 +1,89 @@
 #!/usr/bin/env bash
-# Run our GPU benchmarks and the reference anchors in ONE command on one GPU, so ratios are side by side.
-# Expects: ./.whl (grain, ml-collections, array-record, FLA wheels) and ./.anchors (the reference scripts)
-# carried next to the tree; writes JSON and logs under $OUT.
-#   usage: benchmarks/run_gpu.sh PART...   (default: kernels attention train anchors)
-#   parts: kernels attention train anchors fla_train | train_all steps300 decode fla_parity (the pending checks)
-# Each part has its own time limit; keep one device call under 10 minutes (e.g. 'kernels anchors' in one call,
-# 'train fla_train steps300' in the next).
+# Run our GPU benchmarks and the reference's in ONE command, each pair on the same GPU, so ratios are side by side.
+# Expects: ./.whl (grain, ml-collections, array-record, tensorboardX, FLA wheels) and ./.anchors (the reference's
+# anchor scripts) carried next to the tree; writes JSON and logs under $OUT.
+#   usage: benchmarks/run_gpu.sh PART... [// PART... ...]
+# Groups separated by '//' run at the same time, group i on GPU i (CUDA_VISIBLE_DEVICES=i); the parts of a group
+# run one after the other on its GPU. Parts (each has its own time limit):
+#   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
+#   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
+#   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
+#   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
+#   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
+#   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
+#   steps300 decode fla_parity                a 300-step run, decoding, FLA-side parity
+#   scaling                  300M GDN on one GPU, then data parallel on all GPUs with and without ZeRO-1
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-what=${*:-kernels attention train anchors}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-# install this tree (maps kernels/ to hybrid_jax.kernels) without touching the image's packages
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . >/dev/null
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+SITE=/tmp/site
+if [ ! -e "$SITE/.installed" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+  # this tree (maps kernels/ to hybrid_jax.kernels), without touching the image's packages
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" . >/dev/null
+  touch "$SITE/.installed"
+fi
+export PYTHONPATH=$SITE:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-for w in $what; do
-  case $w in
-    kernels)   timeout 240 python3 benchmarks/kernels.py 2>&1 | tee "$OUT/ours_kernels.log" ;;
-    attention) timeout 150 python3 benchmarks/attention.py 2>&1 | tee "$OUT/ours_attention.log" ;;
-    train)     timeout 200 python3 benchmarks/train_throughput.py --config configs/zebra_300m_gdn.py 2>&1 \
-                 | tee "$OUT/ours_train.log" ;;
+
+ours_train() {  # config, extra flags...
+  local c=$1; shift
+  timeout 200 python3 benchmarks/train_throughput.py --config "configs/$c.py" --steps 10 --warmup 2 \
+    --out "$OUT/train_$c.json" "$@" 2>&1 | tail -40 | tee "$OUT/train_$c.log"
+}
+
+run_part() {
+  case $1 in
+    kernels)   timeout 270 python3 -m benchmarks.kernels 2>&1 | tee "$OUT/ours_kernels.log" ;;
+    fla_ref)   timeout 270 python3 -m benchmarks.fla_reference --no-attention 2>&1 | tee "$OUT/fla_reference.log" ;;
+    attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
+    sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;
     anchors)   timeout 240 python3 .anchors/fla_kernels.py 2>&1 | tee "$OUT/fla_kernels.log"
                timeout 120 python3 .anchors/jax_attention.py 2>&1 | tee "$OUT/jax_attention.log" ;;
-    fla_train) timeout 380 python3 .anchors/fla_training.py 32 gdn 2>&1 | tee "$OUT/fla_train.log" ;;
-    train_all) for c in zebra_300m_kda zebra_300m_gdn_hybrid zebra_300m_mamba2_hybrid; do
-                 timeout 150 python3 benchmarks/train_throughput.py --config configs/$c.py --steps 10 --warmup 2 \
-                   --out "$OUT/train_$c.json" 2>&1 | tail -25 | tee "$OUT/train_$c.log"; done ;;
+    train)     ours_train zebra_300m_gdn ;;
+    train_kda) ours_train zebra_300m_kda ;;
+    train_hybrids) ours_train zebra_300m_gdn_hybrid; ours_train zebra_300m_mamba2_hybrid ;;
+    train_1b)  ours_train zebra_1b_gdn ;;
+    fla_train) timeout 300 python3 .anchors/fla_training.py 32 gdn 2>&1 | tee "$OUT/fla_train.log"
+               mv "$OUT/fla_model.json" "$OUT/fla_train_gdn.json" ;;
+    fla_train_kda) timeout 300 python3 .anchors/fla_training.py 32 kda 2>&1 | tee "$OUT/fla_train_kda.log"
+               mv "$OUT/fla_model.json" "$OUT/fla_train_kda.json" ;;
+    small_ops) timeout 150 python3 -m benchmarks.small_ops 2>&1 | tee "$OUT/small_ops.log" ;;
+    sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
+                 --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
+                 | tee "$OUT/sublayers.log" ;;
+    max_batch) timeout 420 python3 -m benchmarks.max_batch --config configs/zebra_300m_gdn.py \
+                 --config configs/zebra_1b_gdn.py --remat none,full 2>&1 | tee "$OUT/max_batch.log" ;;
     steps300)  timeout 300 python3 -m hybrid_jax.train --config configs/zebra_300m_gdn.py \
                  --config.train.global_batch_size=32 --config.train.steps=300 --config.train.log_every=25 \
                  --config.train.save_every=300 --config.train.workdir=/tmp/run300 2>&1 | tee "$OUT/steps300.log"
                cp /tmp/run300/metrics.jsonl "$OUT/steps300_metrics.jsonl" ;;
     decode)    timeout 200 python3 benchmarks/decode.py --config configs/zebra_300m_gdn_hybrid.py 2>&1 \
                  | tee "$OUT/decode.log" ;;
-    fla_parity) timeout 300 python3 benchmarks/fla_parity.py --out "$OUT/fla_parity.json" 2>&1 | tee "$OUT/fla_parity.log" ;;
+    fla_parity) timeout 300 python3 benchmarks/fla_parity.py --out "$OUT/fla_parity.json" 2>&1 \
+                 | tee "$OUT/fla_parity.log" ;;
+    scaling)   local n; n=$(nvidia-smi -L | wc -l)
+               CUDA_VISIBLE_DEVICES=0 ours_train zebra_300m_gdn; mv "$OUT/train_zebra_300m_gdn.json" "$OUT/scaling_1gpu.json"
+               for z in False True; do
+                 ours_train zebra_300m_gdn --config.mesh.data="$n" --config.train.zero1=$z
+                 mv "$OUT/train_zebra_300m_gdn.json" "$OUT/scaling_${n}gpu_zero1_$z.json"; done ;;
+    *)         echo "unknown part: $1" >&2; return 2 ;;
   esac
+}
+
+run_group() { for p in "$@"; do echo "=== $p $(date +%T)"; run_part "$p"; done; }
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+groups=(); current=""
+for a in "${@:-kernels attention train anchors}"; do
+  if [ "$a" = "//" ]; then groups+=("$current"); current=""; else current="$current $a"; fi
 done
+groups+=("$current")
+if [ ${#groups[@]} -eq 1 ]; then
+  run_group ${groups[0]}
+else
+  for i in "${!groups[@]}"; do
+    # shellcheck disable=SC2086
+    (export CUDA_VISIBLE_DEVICES=$i; run_group ${groups[$i]} > "$OUT/gpu$i.log" 2>&1) &
+  done
+  wait
+fi
