@@ -182,7 +182,7 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     )
 
 
-def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False) -> dict:
+def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False) -> dict:
     x = inputs(s)
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
     cfg = recurrent_config(per_key=s.per_key)
@@ -200,6 +200,18 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False) -> di
     res["err_o"] = rel_rms(o, o_ref)
     res.update({f"err_d{n}": rel_rms(grads[n], g_ref[n]) for n in x})
     res["ok"] = res["err_o"] <= 5e-3 and all(res[f"err_d{n}"] <= 2e-2 for n in x)
+    if other_grad and s.delta:  # the other gradient-pass variant (fused <-> split in two launches), same checks
+        split = cfg.split_grad_from is not None and s.K * s.V >= cfg.split_grad_from
+        other = dataclasses.replace(cfg, split_grad_from=None if split else 0)
+        _, other_fwd_bwd = make_fns(s, "pallas", other, interpret)
+        o2, grads2 = other_fwd_bwd(x, do)
+        res["other_grad"] = dict(
+            split=not split,
+            fwdbwd_ms=median_ms(other_fwd_bwd, x, do, repeats=repeats),
+            grad_ms=stage_ms("grad", stage_args(s, other, interpret=interpret)["grad"], other, repeats,
+                             interpret=interpret),
+            max_err=max([rel_rms(o2, o_ref)] + [rel_rms(grads2[n], g_ref[n]) for n in x]),
+        )
     args = stage_args(s, cfg, interpret=interpret)
     res["stages_ms"] = {n: stage_ms(n, a, cfg, repeats, interpret=interpret) for n, a in args.items()}
     if xla_timing:
@@ -223,6 +235,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="shape names to run")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--xla-timing", action="store_true", help="also time the XLA form")
+    ap.add_argument("--other-grad", action="store_true",
+                    help="also time the other gradient-pass variant (fused or split, see tuning.split_grad_from)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     args = ap.parse_args()
     shapes = (
@@ -246,7 +260,7 @@ def main() -> None:
         if args.only and s.name not in args.only:
             continue
         try:
-            r = run(s, args.repeats, args.xla_timing, interpret=args.smoke)
+            r = run(s, args.repeats, args.xla_timing, interpret=args.smoke, other_grad=args.other_grad)
         except Exception as e:  # keep going: one failing shape must not hide the others
             results[s.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{s.name:<12} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
@@ -266,6 +280,10 @@ def main() -> None:
         )
         if "stages_ms" in r:
             print(" " * 13 + "  ".join(f"{n} {ms:.3f}" for n, ms in r["stages_ms"].items()), flush=True)
+        if "other_grad" in r:
+            o = r["other_grad"]
+            print(f"{'':13}{'split' if o['split'] else 'fused'} gradient pass: fwd+bwd {o['fwdbwd_ms']:.3f} ms, "
+                  f"grad {o['grad_ms']:.3f} ms, max err {o['max_err']:.1e}", flush=True)
         out.write_text(json.dumps(results, indent=1))
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")

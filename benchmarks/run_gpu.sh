@@ -33,7 +33,7 @@ ours_train() {  # config, extra flags...
 
 run_part() {
   case $1 in
-    kernels)   timeout 270 python3 -m benchmarks.kernels 2>&1 | tee "$OUT/ours_kernels.log" ;;
+    kernels)   timeout 330 python3 -m benchmarks.kernels --other-grad 2>&1 | tee "$OUT/ours_kernels.log" ;;
     fla_ref)   timeout 270 python3 -m benchmarks.fla_reference --no-attention 2>&1 | tee "$OUT/fla_reference.log" ;;
     attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
     sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;

@@ -16,7 +16,8 @@ forward   ``wy``        [B, HV, N]   A, T by a block-doubling inverse in float32
           ``state``     [B, HV, NV]  sequential over chunks, float32 state in registers: h snapshots, v_new
           ``output``    [B, HV, N]   o
 backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_new), d(initial state)
-          ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included)
+          ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included; at large K V optionally
+                                     split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``)
 
 XLA glue does the cheap elementwise work: padding (T to a multiple of C, K and V to powers of two),
 the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the reverse cumsum), and the
@@ -310,28 +311,15 @@ def _gram_vjp(m: jax.Array, a: jax.Array, b: jax.Array, gam: jax.Array, strict: 
     return _dot(dm.astype(cd), b), _dot(dm.T.astype(cd), a), jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
 
 
-def _grad_kernel(*refs, scale: float, delta: bool):
-    """One chunk: dq, dk, d(gamma) and, with the delta rule, dv and dbeta (through the WY transform)."""
-    if delta:
-        (q_ref, k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
-         dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
-    else:
-        q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
-    q = q_ref[...]
-    k = k_ref[...]
-    cd = q.dtype
+def _grad_through_output(q, k, gam, h, dh, vn, do, scale: float):
+    """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32, the last
+    row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient."""
     qf, kf = q.astype(F32), k.astype(F32)
-    gam = gam_ref[...]
     per_key = gam.ndim == 2
     gl = _last(gam)
-    eg = jnp.exp(gam)
-    h = h_ref[...]
-    dh = dh_ref[...]
-    vn = vn_ref[...]
-    do = do_ref[...]
 
     # o = (scale Q exp(gamma)) h + P v_new,  P = scale _gram(Q, K) (inclusive lower)
-    dq = _dot(do, h.T) * scale * _col(eg)
+    dq = _dot(do, h.T) * scale * _col(jnp.exp(gam))
     dgam = _red(dq * qf, per_key)
     dq_p, dk, dgam_p = _gram_vjp(_dot(do, vn.T) * scale, q, k, gam, strict=False)
     dq = dq + dq_p
@@ -345,39 +333,67 @@ def _grad_kernel(*refs, scale: float, delta: bool):
     dgam = dgam - r
     hdh = jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)  # single-axis reductions only (Triton lowering)
     dgl = jnp.sum(r, axis=0) + (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
-
-    if delta:
-        # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
-        b = beta_ref[...].astype(F32)
-        dvn = dvn_ref[...]
-        tc = t_ref[...]
-        t_du = _dot(tc.T, dvn.astype(cd))
-        t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
-        dv_ref[...] = t_du * b[:, None]
-        x = t_dw * kf * _col(eg)
-        dk = dk + t_dw * b[:, None] * _col(eg)
-        db = jnp.sum(t_du * v_ref[...].astype(F32), axis=1) + jnp.sum(x, axis=1)
-        dgam = dgam + _red(x * b[:, None], per_key)
-        # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
-        # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
-        da = -(_dot(t_du.astype(cd), u_ref[...].T) + _dot(t_dw.astype(cd), w_ref[...].T))
-        if per_key:
-            y = _decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
-            db = db + jnp.sum(y * kf, axis=1)
-            z = _decay_matmul(da * b[:, None], k, gam, strict=True, transpose=True)
-            dk = dk + y * b[:, None] + z
-            dgam = dgam + kf * (y * b[:, None] - z)
-        else:
-            db = db + jnp.sum(da * _gram(k, k, gam, strict=True), axis=1)
-            dk_row, dk_col, dgam_a = _gram_vjp(da * b[:, None], k, k, gam, strict=True)
-            dk = dk + dk_row + dk_col
-            dgam = dgam + dgam_a
-        dbeta_ref[...] = db
-
     idx = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
-    dgam_ref[...] = jnp.where(idx == gam.shape[0] - 1, dgam + dgl, dgam)
+    return dq, dk, jnp.where(idx == gam.shape[0] - 1, dgam + dgl, dgam)
+
+
+def _grad_through_wy(k, v, b, gam, u, w, tc, h, dvn):
+    """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule):
+    ``(dk, d(gamma), dv, dbeta)`` float32, to add to :func:`_grad_through_output`'s."""
+    cd = k.dtype
+    kf = k.astype(F32)
+    per_key = gam.ndim == 2
+    eg = _col(jnp.exp(gam))
+    b = b.astype(F32)
+    # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
+    t_du = _dot(tc.T, dvn.astype(cd))
+    t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
+    dv = t_du * b[:, None]
+    x = t_dw * kf * eg
+    dk = t_dw * b[:, None] * eg
+    db = jnp.sum(t_du * v.astype(F32), axis=1) + jnp.sum(x, axis=1)
+    dgam = _red(x * b[:, None], per_key)
+    # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
+    # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
+    da = -(_dot(t_du.astype(cd), u.T) + _dot(t_dw.astype(cd), w.T))
+    if per_key:
+        y = _decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
+        db = db + jnp.sum(y * kf, axis=1)
+        z = _decay_matmul(da * b[:, None], k, gam, strict=True, transpose=True)
+        dk = dk + y * b[:, None] + z
+        dgam = dgam + kf * (y * b[:, None] - z)
+    else:
+        db = db + jnp.sum(da * _gram(k, k, gam, strict=True), axis=1)
+        dk_row, dk_col, dgam_a = _gram_vjp(da * b[:, None], k, k, gam, strict=True)
+        dk = dk + dk_row + dk_col
+        dgam = dgam + dgam_a
+    return dk, dgam, dv, db
+
+
+def _grad_kernel(*refs, scale: float, delta: bool):
+    """One chunk: dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part fused in)."""
+    if delta:
+        (q_ref, k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
+         dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
+    else:
+        q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
+    k, gam, h = k_ref[...], gam_ref[...], h_ref[...]
+    dq, dk, dgam = _grad_through_output(q_ref[...], k, gam, h, dh_ref[...], vn_ref[...], do_ref[...], scale)
+    if delta:
+        dk_wy, dgam_wy, dv_ref[...], dbeta_ref[...] = _grad_through_wy(
+            k, v_ref[...], beta_ref[...], gam, u_ref[...], w_ref[...], t_ref[...], h, dvn_ref[...])
+        dk, dgam = dk + dk_wy, dgam + dgam_wy
     dq_ref[...] = dq
     dk_ref[...] = dk
+    dgam_ref[...] = dgam
+
+
+def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dvn_ref,
+                    dk_ref, dgam_ref, dv_ref, dbeta_ref):
+    """One chunk, the WY part alone (the split gradient pass): dk, d(gamma), dv, dbeta."""
+    dk_ref[...], dgam_ref[...], dv_ref[...], dbeta_ref[...] = _grad_through_wy(
+        k_ref[...], v_ref[...], beta_ref[...], gam_ref[...], u_ref[...], w_ref[...], t_ref[...], h_ref[...],
+        dvn_ref[...])
 
 
 # ------------------------------------------------------------------------------------------------ pallas calls
@@ -525,20 +541,34 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht):
 
 def grad(st: Static, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do):
     """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule
-    (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32."""
+    (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32.
+
+    With the delta rule and ``K V >= cfg.split_grad_from``, two launches (``grad`` through the output and the
+    state update, ``grad_wy`` through the WY transform, summed here) instead of one, so that neither program
+    holds every tile at once (the fused kernel spills registers at large K V)."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
-    kernel = functools.partial(_grad_kernel, scale=st.scale, delta=beta is not None)
+    split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
+    delta = beta is not None
     out_specs = [s.tok(K), s.tok(K), s.gate()]
     out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds(gam.shape, F32)]
-    if beta is None:
-        return _call(
-            kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
+    if not delta or split:
+        dq, dk, dgam = _call(
+            functools.partial(_grad_kernel, scale=st.scale, delta=False), "grad_bwd", st.cfg.grad, st, (B, HV, N),
             [s.qk(K), s.qk(K), s.gate(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
             out_specs, out_shape,
         )(q, k, gam, h, dh, vn, do)
+        if not delta:
+            return dq, dk, dgam
+        dk_wy, dgam_wy, dv, dbeta = _call(
+            _grad_wy_kernel, "grad_wy_bwd", st.cfg.grad_wy, st, (B, HV, N),
+            [s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(K), s.tok(st.chunk), s.snap(K, V), s.tok(V)],
+            out_specs[1:] + [s.tok(V), s.vec()],
+            out_shape[1:] + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
+        )(k, v, beta, gam, u, w, t, h, dvn)
+        return dq, dk + dk_wy, dgam + dgam_wy, dv, dbeta
     return _call(
-        kernel, "grad_bwd", st.cfg.grad, st, (B, HV, N),
+        functools.partial(_grad_kernel, scale=st.scale, delta=True), "grad_bwd", st.cfg.grad, st, (B, HV, N),
         [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(K), s.tok(st.chunk),
          s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V), s.tok(V)],
         out_specs + [s.tok(V), s.vec()],

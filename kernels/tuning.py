@@ -27,6 +27,9 @@ class RecurrentConfig:
     ``block_v`` tiles the value dim of the sequential state kernels (one program per (batch, head, V-tile)
     carries a ``[K, block_v]`` float32 state); it is clipped to V. ``inverse_bf16x3``: the float32 matmuls of
     the triangular inverse as three bf16 tensor-core matmuls each (else IEEE float32 dots).
+    ``split_grad_from``: with the delta rule and ``K * V`` (padded head dims) at least this, the gradient pass is
+    two launches (``grad``: through the output and state update; ``grad_wy``: through the WY transform) instead of
+    one fused kernel (``None``: always fused).
     """
 
     block_v: int = 32
@@ -36,6 +39,8 @@ class RecurrentConfig:
     output: Launch = Launch()  # parallel output pass
     state_bwd: Launch = Launch()  # sequential reverse pass for dh and d(v_new)
     grad: Launch = Launch()  # parallel gradient pass (dq, dk, dv, dbeta, dg)
+    split_grad_from: int | None = None
+    grad_wy: Launch = Launch()  # the WY part of the gradient pass when split
 
 
 RECURRENT: dict[str, RecurrentConfig] = {

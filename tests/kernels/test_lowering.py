@@ -37,9 +37,9 @@ def _sds(*shape, dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False) -> Case:
+def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
-    heads, K=V=64, T ragged (200)."""
+    heads, K=V=64, T ragged (200). ``split``: the gradient pass as two launches."""
     B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
@@ -47,8 +47,10 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
 
     def make(arch: str) -> Callable:
         def f(q, k, v, g, beta, h0):
+            config = recurrent_config(arch, per_key=per_key)
+            config = dataclasses.replace(config, split_grad_from=0) if split else config
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
-                                    config=recurrent_config(arch, per_key=per_key))
+                                    config=config)
 
         if not backward:
             return f
@@ -59,7 +61,7 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
 
         return fwd_bwd
 
-    kernels = (3 if delta else 2) + (2 if backward else 0)
+    kernels = (3 if delta else 2) + (2 + split if backward else 0)
     return Case(name, make, args, kernels)
 
 
@@ -81,6 +83,8 @@ CASES = [
     _recurrence_case("gla_fwd_bwd", delta=False, backward=True),
     _recurrence_case("kda_fwd", delta=True, backward=False, per_key=True),
     _recurrence_case("kda_fwd_bwd", delta=True, backward=True, per_key=True),
+    _recurrence_case("gdn_fwd_bwd_split_grad", delta=True, backward=True, split=True),
+    _recurrence_case("kda_fwd_bwd_split_grad", delta=True, backward=True, per_key=True, split=True),
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,9 +58,9 @@ def value_and_grads(fn, inputs, weights, *, final_state: bool):
     return o, ht, dict(zip(names, grads, strict=True))
 
 
-def pallas(chunk):
+def pallas(chunk, config=None):
     return lambda q, k, v, g, beta, **kw: chunk_recurrence(
-        q, k, v, g, beta, use_qk_l2norm=True, chunk_size=chunk, interpret=True, **kw
+        q, k, v, g, beta, use_qk_l2norm=True, chunk_size=chunk, interpret=True, config=config, **kw
     )
 
 
@@ -73,8 +75,8 @@ def xla(chunk):
     )
 
 
-def check(inputs, weights, *, chunk, final_state, fwd_tol, grad_tol, against_xla=True):
-    o, ht, grads = value_and_grads(pallas(chunk), inputs, weights, final_state=final_state)
+def check(inputs, weights, *, chunk, final_state, fwd_tol, grad_tol, against_xla=True, config=None):
+    o, ht, grads = value_and_grads(pallas(chunk, config), inputs, weights, final_state=final_state)
     refs = [naive] + ([xla(chunk)] if against_xla else [])
     for ref_fn in refs:
         o_r, ht_r, grads_r = value_and_grads(ref_fn, inputs, weights, final_state=final_state)
@@ -105,6 +107,14 @@ def test_float32_chunk32_wide_keys():
     """Chunk 32 (three levels of the block-doubling inverse), K > V, T a multiple of the chunk."""
     inputs, weights = make_inputs(2, B=1, T=64, H=1, HV=2, K=32, V=16)
     check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["gdn", "kda"])
+def test_split_gradient_pass(per_key):
+    """The gradient pass as two launches (``split_grad_from``) gives the same values and gradients."""
+    inputs, weights = make_inputs(5, T=37, per_key=per_key)
+    config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), split_grad_from=0)
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
 @pytest.mark.parametrize("delta", [True, False], ids=["gdn", "gla"])
