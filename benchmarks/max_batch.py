@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import inspect
 import json
 import os
 import runpy
@@ -110,11 +109,7 @@ class StepProbe:
         self.state = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, built["shardings"]
         )
-        run = make_train_step(built["graphdef"], tx, config.train, self.mesh, built["shardings"], accum=accum)
-        # make_train_step returns a wrapper that calls its jitted step (donated state, shardings) under the mesh.
-        self.jitted = inspect.getclosurevars(run).nonlocals.get("jitted")
-        if not hasattr(self.jitted, "lower"):
-            raise RuntimeError("make_train_step's wrapper no longer closes over a jitted `jitted`; update this script")
+        self.step = make_train_step(built["graphdef"], tx, config.train, self.mesh, built["shardings"], accum=accum)
         self.compiles: dict[int, Compile] = {}
 
     def compile(self, m: int) -> Compile:
@@ -124,8 +119,7 @@ class StepProbe:
                 (m, self.config.train.seq_len + 1), jnp.int32, sharding=mesh_lib.batch_sharding(self.mesh)
             )
             t0 = time.perf_counter()
-            with jax.set_mesh(self.mesh):
-                lowered = self.jitted.lower(self.state, batch)
+            lowered = self.step.lower(self.state, batch)
             t1 = time.perf_counter()
             stats = lowered.compile().memory_analysis()
             t2 = time.perf_counter()

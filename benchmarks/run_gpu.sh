@@ -11,7 +11,7 @@
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
-#   steps300 decode fla_parity                a 300-step run, decoding, FLA-side parity
+#   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
 #   scaling                  300M GDN on one GPU, then data parallel on all GPUs with and without ZeRO-1
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -51,8 +51,10 @@ run_part() {
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
                  | tee "$OUT/sublayers.log" ;;
-    max_batch) timeout 420 python3 -m benchmarks.max_batch --config configs/zebra_300m_gdn.py \
-                 --config configs/zebra_1b_gdn.py --remat none,full 2>&1 | tee "$OUT/max_batch.log" ;;
+    max_batch) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python3 -m benchmarks.max_batch \
+                 --config configs/zebra_300m_gdn.py,configs/zebra_1b_gdn.py --remat none,full --jobs 4 \
+                 --extra-compiles 1 2>&1 | tee "$OUT/max_batch.log" ;;
+    loss_parity) timeout 330 python3 -m benchmarks.loss_parity 2>&1 | tee "$OUT/loss_parity.log" ;;
     steps300)  timeout 300 python3 -m hybrid_jax.train --config configs/zebra_300m_gdn.py \
                  --config.train.global_batch_size=32 --config.train.steps=300 --config.train.log_every=25 \
                  --config.train.save_every=300 --config.train.workdir=/tmp/run300 2>&1 | tee "$OUT/steps300.log"

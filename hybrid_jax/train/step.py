@@ -86,7 +86,8 @@ def make_train_step(
     *,
     accum: int,
 ) -> Callable[[State, jax.Array], tuple[State, dict[str, jax.Array]]]:
-    """The jitted ``step(state, batch [B, T+1] int32) -> (state, metrics)`` with donated state.
+    """The jitted ``step(state, batch [B, T+1] int32) -> (state, metrics)`` with donated state;
+    ``step.lower(state, batch)`` lowers it ahead of time (abstract arguments allowed).
 
     ``metrics``: float32 ``loss`` (mean over the batch's tokens), ``grad_norm`` (before clipping), ``lr``
     (of this update), bool ``finite``, int32 ``skipped`` and ``skipped_in_a_row``.
@@ -145,4 +146,10 @@ def make_train_step(
         with jax.set_mesh(mesh):  # traced under the mesh: the Pallas kernels then run per batch shard (shard_map)
             return jitted(state, batch)
 
+    def lower(state: State, batch: jax.Array) -> jax.stages.Lowered:
+        """The step lowered for (possibly abstract, sharded) arguments: ``.compile()`` ahead of time."""
+        with jax.set_mesh(mesh):
+            return jitted.lower(state, batch)
+
+    run.lower = lower
     return run
