@@ -22,7 +22,11 @@ if [ ! -e "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" . >/dev/null
   touch "$SITE/.installed"
 fi
-export PYTHONPATH=$SITE:${PYTHONPATH:-}
+# the installed tree, not the source checkout, must be what 'import hybrid_jax' finds (the source has no
+# hybrid_jax.kernels): no current directory on sys.path; benchmarks importable from a side folder
+mkdir -p /tmp/bench && ln -sfn "$PWD/benchmarks" /tmp/bench/benchmarks
+export PYTHONSAFEPATH=1
+export PYTHONPATH=$SITE:/tmp/bench:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 
 ours_train() {  # config, extra flags...
