@@ -1,16 +1,21 @@
-"""FLA-side parity on a GPU with ``flash-linear-attention`` installed (pure GDN and pure KDA, bf16).
+"""FLA-side parity on a GPU with ``flash-linear-attention`` installed (pure GDN and pure KDA, float32 and bf16).
 
     python benchmarks/fla_parity.py [--kinds gdn,kda] [--out results.json]
 
 For each kind, on a small model (hidden 512, 4 FLA layers = 8 of our sublayers, Llama-2 vocabulary size):
 
 1. **Export -> FLA.** Our random-init model is exported with ``--format fla`` and loaded by FLA's own class
-   (``GatedDeltaNetForCausalLM`` / ``KDAForCausalLM``) in bf16 on the GPU; its logits are compared with ours (bf16
-   compute, Pallas kernels) on the same tokens. Pass: relative RMS error <= 2e-2.
+   (``GatedDeltaNetForCausalLM`` / ``KDAForCausalLM``) on the GPU; its logits are compared with ours (Pallas kernels)
+   on the same tokens, in float32 (both sides) and in bf16 (both sides).
 2. **FLA init -> ours.** FLA's randomly initialised model (``tie_word_embeddings=True``) is saved and imported with
    ``import_fla`` into a fresh workdir; one step of our real trainer runs from it. Its logged step-1 loss (the loss
-   of the imported weights on the first mock batch) is compared with FLA's loss on that same batch, and the imported
-   model's logits with FLA's. Pass: loss relative difference <= 2e-3 and logits relative RMS error <= 2e-2.
+   of the imported weights on the first mock batch, bf16 compute) is compared with FLA's bf16 loss on that same
+   batch, and the imported model's logits with FLA's (float32 and bf16).
+
+Pass: float32 logits relative RMS error <= 5e-3 (FLA's Triton dots may use TF32); bf16 logits within twice the bf16
+noise floor, i.e. the relative RMS distance between our own bf16 and float32 logits on the same tokens (two bf16
+implementations each that far from the exact result; an a-priori 2e-2 bound was below that floor, which is ~2-4%
+for these 8-sublayer random models); step-1 loss relative difference <= 2e-3.
 
 Prints one JSON object per kind and writes them all to ``--out`` (or ``$OUT/fla_parity.json``).
 """
@@ -35,7 +40,8 @@ from hybrid_jax.export import export_model, import_fla
 from hybrid_jax.export.fla import ARCHITECTURES
 from hybrid_jax.model import HybridLM
 
-LOGITS_TOL, LOSS_TOL = 2e-2, 2e-3  # random-init losses sit near ln(vocab): the logits check is the sharper one
+FP32_TOL, LOSS_TOL = 5e-3, 2e-3  # random-init losses sit near ln(vocab): the logits checks are the sharper ones
+BF16_FLOOR_FACTOR = 2.0
 
 
 def small_config(kind: str, workdir: str = ""):
@@ -64,19 +70,41 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def ours_logits(model: HybridLM, model_cfg, tokens: np.ndarray, dtype: str) -> np.ndarray:
+    """Logits of ``model``'s parameters with compute dtype ``dtype`` (a copy of the model in that dtype)."""
+    cfg = model_cfg.copy_and_resolve_references()
+    cfg.dtype = dtype
+    copy = HybridLM(cfg, rngs=nnx.Rngs(0))
+    nnx.update(copy, nnx.state(model, nnx.Param))
+    return np.asarray(jax.jit(lambda t: copy(t))(tokens), np.float32)
+
+
+def fla_logits(model, tokens: np.ndarray, dtype) -> np.ndarray:
+    with torch.no_grad():
+        return model.to(dtype)(input_ids=torch.from_numpy(tokens).long().cuda()).logits.float().cpu().numpy()
+
+
+def compare_logits(ours: HybridLM, ours_cfg, theirs, tokens: np.ndarray) -> dict:
+    """float32 and bf16 logits of both sides, our bf16 noise floor, and the verdict."""
+    ours32 = ours_logits(ours, ours_cfg, tokens, "float32")
+    ours16 = ours_logits(ours, ours_cfg, tokens, "bfloat16")
+    theirs32 = fla_logits(theirs, tokens, torch.float32)
+    theirs16 = fla_logits(theirs, tokens, torch.bfloat16)
+    err32, err16, floor = rel_err(theirs32, ours32), rel_err(theirs16, ours16), rel_err(ours16, ours32)
+    return dict(fp32_rel_rms_err=err32, fp32_max_abs_err=float(np.abs(theirs32 - ours32).max()), fp32_tol=FP32_TOL,
+                bf16_rel_rms_err=err16, bf16_noise_floor=floor, bf16_tol=BF16_FLOOR_FACTOR * floor,
+                logits_ok=err32 <= FP32_TOL and err16 <= BF16_FLOOR_FACTOR * floor)
+
+
 def export_to_fla(kind: str, tmp: Path) -> dict:
     cfg = small_config(kind)
     model = HybridLM(cfg.model, rngs=nnx.Rngs(0))
     tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (2, 256), dtype=np.int32)
-    ours = np.asarray(jax.jit(lambda t: model(t))(tokens), np.float32)
-    export_model(model, cfg, tmp / "export", fmt="fla", dtype="bf16")
+    export_model(model, cfg, tmp / "export", fmt="fla", dtype="fp32")
     auto, _ = fla_class(kind)
-    theirs_model = auto.from_pretrained(tmp / "export", dtype=torch.bfloat16).cuda().eval()
-    with torch.no_grad():
-        theirs = theirs_model(input_ids=torch.from_numpy(tokens).long().cuda()).logits.float().cpu().numpy()
-    err = rel_err(theirs, ours)
-    return dict(check="export_to_fla", kind=kind, rel_rms_err=err, max_abs_err=float(np.abs(theirs - ours).max()),
-                tol=LOGITS_TOL, ok=err <= LOGITS_TOL)
+    theirs = auto.from_pretrained(tmp / "export", dtype=torch.float32).cuda().eval()
+    result = compare_logits(model, cfg.model, theirs, tokens)
+    return dict(check="export_to_fla", kind=kind, **result, ok=result["logits_ok"])
 
 
 def fla_init_first_loss(kind: str, tmp: Path) -> dict:
@@ -91,24 +119,22 @@ def fla_init_first_loss(kind: str, tmp: Path) -> dict:
     fla_cfg = AutoConfig.for_model(model_type, **{k: v for k, v in fla_config(cfg.model).items()
                                                   if k not in ("model_type", "architectures")})
     torch.manual_seed(0)
-    fla_model = auto.from_config(fla_cfg).cuda()
+    fla_model = auto.from_config(fla_cfg).cuda().eval()
     fla_model.save_pretrained(tmp / "fla_init", safe_serialization=True)
     cfg = import_fla(tmp / "fla_init", tmp / "run", cfg)
     batch = next(make_train_iterator(cfg))  # the trainer's first batch: [B, T+1]
-    imported, _ = load(tmp / "run", step=0)
-    ours_logits = np.asarray(jax.jit(lambda t: imported(t))(batch[:2, :-1]), np.float32)
+    imported, imported_cfg = load(tmp / "run", step=0)
+    result = compare_logits(imported, imported_cfg.model, fla_model, batch[:2, :-1])
     record = train(cfg, log=lambda *a: None)  # resumes from the imported step-0 checkpoint, runs step 1
-    fla_model = fla_model.to(torch.bfloat16).eval()
     with torch.no_grad():
         inputs = torch.from_numpy(batch[:, :-1]).long().cuda()
-        logits = fla_model(input_ids=inputs).logits.float()
+        logits = fla_model.to(torch.bfloat16)(input_ids=inputs).logits.float()
         fla_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                    torch.from_numpy(batch[:, 1:]).long().cuda().reshape(-1)).item()
     ours = record["loss"]
     diff = abs(ours - fla_loss) / fla_loss
-    logits_err = rel_err(ours_logits, logits[:2].cpu().numpy())
     return dict(check="fla_init_first_loss", kind=kind, ours=ours, fla=fla_loss, rel_diff=diff, tol=LOSS_TOL,
-                logits_rel_rms_err=logits_err, ok=diff <= LOSS_TOL and logits_err <= LOGITS_TOL)
+                **result, ok=diff <= LOSS_TOL and result["logits_ok"])
 
 
 def main() -> None:
