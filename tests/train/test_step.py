@@ -106,3 +106,18 @@ def test_run_stops_after_too_many_skips_in_a_row(tmp_path):
     with pytest.raises(TooManySkippedSteps, match="3 steps in a row.*max_skipped_in_a_row=3"):
         _check_skipped(5, bad(3), 3, logger)
     logger.close()
+
+
+def test_step_lowers_ahead_of_time_from_abstract_state():
+    """``step.lower`` compiles for shape-only arguments (what the max-batch benchmark does), with the shardings, and
+    the compiled step reports a memory analysis that grows with the batch."""
+    config, mesh, state, step, _ = _setup(2, zero1=True)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+    def temp_bytes(batch: int) -> int:
+        tokens = jax.ShapeDtypeStruct((batch, config.train.seq_len + 1), np.int32,
+                                      sharding=mesh_lib.batch_sharding(mesh))
+        compiled = step.lower(abstract, tokens).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert 0 < temp_bytes(config.train.global_batch_size) < temp_bytes(4 * config.train.global_batch_size)
