@@ -78,14 +78,15 @@ def inputs(s: Shape, seed: int = 0) -> dict[str, jax.Array]:
     return x
 
 
-def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
-    """(forward, forward+backward) jitted functions of the input dict."""
+def make_fns(s: Shape, impl: str, config=None, interpret: bool = False, chunk: int = 64):
+    """(forward, forward+backward) jitted functions of the input dict, chunk size ``chunk``."""
 
     def fwd(x):
         beta = x.get("beta")
         if impl == "pallas":
             o, _ = chunk_recurrence(
-                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, config=config, interpret=interpret
+                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, chunk_size=chunk, config=config,
+                interpret=interpret,
             )
         else:
             o, _ = reference.chunked_recurrence(x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta)
@@ -182,7 +183,8 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     )
 
 
-def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False) -> dict:
+def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
+        other_chunks: tuple[int, ...] = ()) -> dict:
     x = inputs(s)
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
     cfg = recurrent_config(per_key=s.per_key)
@@ -212,6 +214,14 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
                              interpret=interpret),
             max_err=max([rel_rms(o2, o_ref)] + [rel_rms(grads2[n], g_ref[n]) for n in x]),
         )
+    for chunk in other_chunks:  # the same kernels at another chunk size (fewer decay levels, more sequential steps)
+        c_fwd, c_fwd_bwd = make_fns(s, "pallas", cfg, interpret, chunk=chunk)
+        o_c, grads_c = c_fwd_bwd(x, do)
+        res.setdefault("other_chunks", {})[chunk] = dict(
+            fwd_ms=median_ms(c_fwd, x, repeats=repeats),
+            fwdbwd_ms=median_ms(c_fwd_bwd, x, do, repeats=repeats),
+            max_err=max([rel_rms(o_c, o_ref)] + [rel_rms(grads_c[n], g_ref[n]) for n in x]),
+        )
     args = stage_args(s, cfg, interpret=interpret)
     res["stages_ms"] = {n: stage_ms(n, a, cfg, repeats, interpret=interpret) for n, a in args.items()}
     if xla_timing:
@@ -235,6 +245,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="shape names to run")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--xla-timing", action="store_true", help="also time the XLA form")
+    ap.add_argument("--chunks", default="", help="comma list of other chunk sizes to time too (e.g. 32,16)")
     ap.add_argument("--other-grad", action="store_true",
                     help="also time the other gradient-pass variant (fused or split, see tuning.split_grad_from)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
@@ -260,7 +271,8 @@ def main() -> None:
         if args.only and s.name not in args.only:
             continue
         try:
-            r = run(s, args.repeats, args.xla_timing, interpret=args.smoke, other_grad=args.other_grad)
+            r = run(s, args.repeats, args.xla_timing, interpret=args.smoke, other_grad=args.other_grad,
+                    other_chunks=tuple(int(c) for c in args.chunks.split(",") if c))
         except Exception as e:  # keep going: one failing shape must not hide the others
             results[s.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{s.name:<12} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
@@ -280,6 +292,9 @@ def main() -> None:
         )
         if "stages_ms" in r:
             print(" " * 13 + "  ".join(f"{n} {ms:.3f}" for n, ms in r["stages_ms"].items()), flush=True)
+        for chunk, c in r.get("other_chunks", {}).items():
+            print(f"{'':13}chunk {chunk}: fwd {c['fwd_ms']:.3f} ms, fwd+bwd {c['fwdbwd_ms']:.3f} ms, "
+                  f"max err {c['max_err']:.1e}", flush=True)
         if "other_grad" in r:
             o = r["other_grad"]
             print(f"{'':13}{'split' if o['split'] else 'fused'} gradient pass: fwd+bwd {o['fwdbwd_ms']:.3f} ms, "
