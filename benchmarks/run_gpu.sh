@@ -63,7 +63,8 @@ run_part() {
     max_batch) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python3 -m benchmarks.max_batch \
                  --config configs/zebra_300m_gdn.py,configs/zebra_1b_gdn.py --remat none,full --jobs 4 \
                  --extra-compiles 1 2>&1 | tee "$OUT/max_batch.log" ;;
-    loss_parity) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 330 python3 -m benchmarks.loss_parity --batch ${PARITY_BATCH:-8} 2>&1 | tee "$OUT/loss_parity.log" ;;
+    loss_parity) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 330 python3 -m benchmarks.loss_parity \
+                 --reference "${PARITY_REFERENCE:-fla}" --batch "${PARITY_BATCH:-8}" 2>&1 | tee "$OUT/loss_parity.log" ;;
     steps300)  timeout 300 python3 -m hybrid_jax.train --config configs/zebra_300m_gdn.py \
                  --config.train.global_batch_size=32 --config.train.steps=300 --config.train.log_every=25 \
                  --config.train.save_every=300 --config.train.workdir=/tmp/run300 2>&1 | tee "$OUT/steps300.log"
