@@ -1,7 +1,7 @@
 """Training throughput of a config: the real jitted train step on mock data, no checkpoints.
 
-    python benchmarks/train_throughput.py --config configs/zebra_300m_gdn.py [--steps 20] [--warmup 3] \
-        [--accum 1] [--config.train.micro_batch_size=32 ...] [--out results.json]
+    python -m benchmarks.train_throughput --config configs/zebra_300m_gdn.py [--steps 20] [--warmup 3] \
+        [--accum 1] [--config.train.micro_batch_size=32 ...] [--out results.json] [--profile DIR]
 
 The global batch is set to ``micro_batch_size x accum x devices`` (one optimizer step = ``accum`` micro-batches
 per device) so a step takes seconds, not minutes. Prints one JSON object (and writes it to ``--out`` or
@@ -36,6 +36,9 @@ _STEPS = flags.DEFINE_integer("steps", 20, "timed steps")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "untimed steps first (compilation, autotuning)")
 _ACCUM = flags.DEFINE_integer("accum", 1, "micro-batches per device per step")
 _OUT = flags.DEFINE_string("out", "", "JSON output path (default $OUT/train_throughput.json when $OUT is set)")
+_PROFILE = flags.DEFINE_string("profile", "", "after the timed steps, trace --profile_steps more into this directory "
+                               "and print where the device time goes (benchmarks/trace_summary.py)")
+_PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 3, "steps traced with --profile")
 
 
 def resident_gib(tree) -> float:
@@ -52,7 +55,7 @@ def resident_gib(tree) -> float:
     )
 
 
-def benchmark(config, *, steps: int, warmup: int) -> dict:
+def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_steps: int = 3) -> dict:
     mesh = mesh_lib.make_mesh(config.mesh)
     accum = validate(config, mesh_lib.batch_shards(mesh))
     tx = make_optimizer(config.train)
@@ -82,6 +85,14 @@ def benchmark(config, *, steps: int, warmup: int) -> dict:
     t0 = time.perf_counter()
     timed = run(steps)
     seconds = time.perf_counter() - t0
+    trace = None
+    if profile:
+        from benchmarks.trace_summary import format_summary, summarize
+
+        with jax.profiler.trace(profile, create_perfetto_trace=True):
+            run(profile_steps)
+        trace = summarize(profile)
+        print(format_summary(trace), flush=True)
     tokens = steps * config.train.global_batch_size * config.train.seq_len
     per_device = tokens / seconds / jax.device_count()
     fpt = flops_per_token(config.model, config.train.seq_len)
@@ -115,6 +126,7 @@ def benchmark(config, *, steps: int, warmup: int) -> dict:
         loss_first=float(metrics[0]["loss"]),
         loss_last=float(metrics[-1]["loss"]),
         skipped=int(metrics[-1]["skipped"]),
+        profile=dict(steps=profile_steps, **trace) if trace else None,
     )
 
 
@@ -123,7 +135,8 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
     config = _CONFIG.value
     config.train.global_batch_size = config.train.micro_batch_size * _ACCUM.value * jax.device_count()
-    result = benchmark(config, steps=_STEPS.value, warmup=_WARMUP.value)
+    result = benchmark(config, steps=_STEPS.value, warmup=_WARMUP.value, profile=_PROFILE.value,
+                       profile_steps=_PROFILE_STEPS.value)
     text = json.dumps(result, indent=1)
     print(text, flush=True)
     out = _OUT.value or (os.path.join(os.environ["OUT"], "train_throughput.json") if "OUT" in os.environ else "")
