@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -95,8 +96,9 @@ def module_op(name: str, shape: str, module: nnx.Module, call: Callable, inputs:
     return Op(name, shape, lambda p, *x: call(nnx.merge(graphdef, p), *x), (params, *inputs), flops=flops)
 
 
-def make_ops(cfg: ConfigDict, batch: int, seq: int) -> list[Op]:
-    """The ops at ``batch x seq`` tokens of the config ``cfg`` (model and train sections), random bf16 inputs."""
+def make_ops(cfg: ConfigDict, batch: int, seq: int, ce_chunks: tuple[int, ...] = ()) -> list[Op]:
+    """The ops at ``batch x seq`` tokens of the config ``cfg`` (model and train sections), random bf16 inputs;
+    the cross-entropy at ``train.loss_chunk_size`` and at each of ``ce_chunks``."""
     m = cfg.model
     dtype = jnp.dtype(m.dtype)
     rngs = nnx.Rngs(0)
@@ -110,7 +112,17 @@ def make_ops(cfg: ConfigDict, batch: int, seq: int) -> list[Op]:
     d_in = mamba2.d_in
     embedding = jax.random.normal(next(keys), (V, D), jnp.dtype(m.param_dtype)) * m.init_std
     labels = jax.random.randint(next(keys), (N,), 0, V, jnp.int32)
-    chunk = cfg.train.loss_chunk_size
+    ce = [
+        Op(
+            "cross_entropy",
+            f"[{N},{D}] V={V} chunk={chunk}",
+            functools.partial(lambda h, e, t, c: cross_entropy(h, e, t, chunk_size=c), c=chunk),
+            (rand(N, D), embedding),
+            (labels,),
+            flops=2.0 * N * V * D,
+        )
+        for chunk in (cfg.train.loss_chunk_size, *ce_chunks)
+    ]
     return [
         module_op(
             "rmsnorm", f"[{B},{T},{D}]", RMSNorm(D, eps=m.norm_eps, dtype=dtype), lambda n, x: n(x), (rand(B, T, D),)
@@ -140,14 +152,7 @@ def make_ops(cfg: ConfigDict, batch: int, seq: int) -> list[Op]:
             lambda n, x: n(x),
             (rand(B, T, C),),
         ),
-        Op(
-            "cross_entropy",
-            f"[{N},{D}] V={V} chunk={chunk}",
-            lambda h, e, t: cross_entropy(h, e, t, chunk_size=chunk),
-            (rand(N, D), embedding),
-            (labels,),
-            flops=2.0 * N * V * D,
-        ),
+        *ce,
     ]
 
 
@@ -232,6 +237,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="micro-batch size (sequences)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default="", help="JSON path (default $OUT/small_ops.json)")
+    ap.add_argument("--ce-chunks", default="", help="comma list: also time the cross-entropy at these chunk sizes")
     ap.add_argument("--smoke", action="store_true", help="the demo config at batch 1 x 64 on CPU (checks the script)")
     args = ap.parse_args()
     cfg = load_config(CONFIGS / "demo.py" if args.smoke else args.config)
@@ -250,7 +256,7 @@ def main() -> None:
         flush=True,
     )
     results = []
-    for op in make_ops(cfg, batch, seq):
+    for op in make_ops(cfg, batch, seq, tuple(int(c) for c in args.ce_chunks.split(",") if c)):
         r = measure(op, repeats)
         r["fwdbwd_ns_per_token"] = 1e6 * r["fwdbwd_ms"] / tokens
         results.append(r)
@@ -265,7 +271,7 @@ def main() -> None:
             f"{verdict}",
             flush=True,
         )
-    by_op = {r["op"]: r for r in results}
+    by_op = {r["op"]: r for r in reversed(results)}  # the first of a name (the config's CE chunk) wins
     share = {p: by_op["silu_mul"][f"{p}_ms"] / by_op["mlp"][f"{p}_ms"] for p in ("fwd", "fwdbwd")}
     print(f"silu_mul share of the mlp time: fwd {100 * share['fwd']:.1f}%  fwd+bwd {100 * share['fwdbwd']:.1f}%")
     summary = dict(
