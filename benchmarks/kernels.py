@@ -197,7 +197,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
     # correctness: our bf16 kernels vs the XLA form in float32 on the same inputs
     xf = {n: a.astype(jnp.float32) for n, a in x.items()}
     _, ref_fwd_bwd = make_fns(s, "xla")
-    o_ref, g_ref = ref_fwd_bwd(xf, do.astype(jnp.float32))
+    with jax.default_matmul_precision("highest"):  # the default lets float32 dots use TF32 on NVIDIA GPUs
+        o_ref, g_ref = ref_fwd_bwd(xf, do.astype(jnp.float32))
     o, grads = fwd_bwd(x, do)
     res["err_o"] = rel_rms(o, o_ref)
     res.update({f"err_d{n}": rel_rms(grads[n], g_ref[n]) for n in x})
