@@ -183,8 +183,15 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     )
 
 
+def parse_variant(text: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` of ``RecurrentConfig`` (VALUE: true/false/none or an integer) -> ``(field, value)``."""
+    field, _, value = text.partition("=")
+    words = {"true": True, "false": False, "none": None}
+    return field, words[value.lower()] if value.lower() in words else int(value)
+
+
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
-        other_chunks: tuple[int, ...] = ()) -> dict:
+        other_chunks: tuple[int, ...] = (), variants: tuple[str, ...] = ()) -> dict:
     x = inputs(s)
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
     cfg = recurrent_config(per_key=s.per_key)
@@ -214,6 +221,16 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
             grad_ms=stage_ms("grad", stage_args(s, other, interpret=interpret)["grad"], other, repeats,
                              interpret=interpret),
             max_err=max([rel_rms(o2, o_ref)] + [rel_rms(grads2[n], g_ref[n]) for n in x]),
+        )
+    for variant in variants:  # the table's config with one field changed
+        v_cfg = dataclasses.replace(cfg, **dict([parse_variant(variant)]))
+        v_fwd, v_fwd_bwd = make_fns(s, "pallas", v_cfg, interpret)
+        o_v, grads_v = v_fwd_bwd(x, do)
+        res.setdefault("variants", {})[variant] = dict(
+            fwd_ms=median_ms(v_fwd, x, repeats=repeats),
+            fwdbwd_ms=median_ms(v_fwd_bwd, x, do, repeats=repeats),
+            err_o=rel_rms(o_v, o_ref),
+            max_err=max([rel_rms(o_v, o_ref)] + [rel_rms(grads_v[n], g_ref[n]) for n in x]),
         )
     for chunk in other_chunks:  # the same kernels at another chunk size (fewer decay levels, more sequential steps)
         c_fwd, c_fwd_bwd = make_fns(s, "pallas", cfg, interpret, chunk=chunk)
@@ -247,6 +264,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--xla-timing", action="store_true", help="also time the XLA form")
     ap.add_argument("--chunks", default="", help="comma list of other chunk sizes to time too (e.g. 32,16)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="also time the config with FIELD=VALUE (a RecurrentConfig field; repeatable)")
     ap.add_argument("--other-grad", action="store_true",
                     help="also time the other gradient-pass variant (fused or split, see tuning.split_grad_from)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
@@ -273,7 +292,7 @@ def main() -> None:
             continue
         try:
             r = run(s, args.repeats, args.xla_timing, interpret=args.smoke, other_grad=args.other_grad,
-                    other_chunks=tuple(int(c) for c in args.chunks.split(",") if c))
+                    other_chunks=tuple(int(c) for c in args.chunks.split(",") if c), variants=tuple(args.variant))
         except Exception as e:  # keep going: one failing shape must not hide the others
             results[s.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{s.name:<12} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
@@ -293,6 +312,9 @@ def main() -> None:
         )
         if "stages_ms" in r:
             print(" " * 13 + "  ".join(f"{n} {ms:.3f}" for n, ms in r["stages_ms"].items()), flush=True)
+        for variant, v in r.get("variants", {}).items():
+            print(f"{'':13}{variant}: fwd {v['fwd_ms']:.3f} ms, fwd+bwd {v['fwdbwd_ms']:.3f} ms, "
+                  f"err o {v['err_o']:.1e}, max err {v['max_err']:.1e}", flush=True)
         for chunk, c in r.get("other_chunks", {}).items():
             print(f"{'':13}chunk {chunk}: fwd {c['fwd_ms']:.3f} ms, fwd+bwd {c['fwdbwd_ms']:.3f} ms, "
                   f"max err {c['max_err']:.1e}", flush=True)

@@ -43,7 +43,8 @@ run_part() {
     fla_ref)   timeout 270 python3 -m benchmarks.fla_reference --no-attention 2>&1 | tee "$OUT/fla_reference.log" ;;
     fla_ref_rest) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only ssd_anchor gdn_300m gdn_1b \
                  mamba2_300m kda_anchor kda_300m kda_1b 2>&1 | tee "$OUT/fla_reference_rest.log" ;;
-    kda_chunks) timeout 300 python3 -m benchmarks.kernels --only gdn_anchor kda_anchor kda_300m kda_1b --chunks 32,16 \
+    kda_chunks) timeout 360 python3 -m benchmarks.kernels --only gdn_anchor kda_anchor kda_300m kda_1b --chunks 32,16 \
+                 --variant decay_operands_f32=true \
                  2>&1 | tee "$OUT/kda_chunks.log" ;;
     attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
     sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;

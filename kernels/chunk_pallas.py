@@ -132,16 +132,17 @@ def _level_factors(gam: jax.Array, level: int) -> tuple[jax.Array, jax.Array]:
     return _masked_exp(gam - r, second), _masked_exp(r - gam, jnp.logical_not(second))
 
 
-def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool) -> jax.Array:
+def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands: bool = False) -> jax.Array:
     """``G_ij = sum_d a_id b_jd exp(gamma_i(d) - gamma_j(d))`` for ``j < i`` (``j <= i`` unless strict), else 0.
 
     ``a, b: [C, K]``; ``gam: [C]`` (the decay leaves the matmul) or ``[C, K]`` (one factored matmul per level of
-    :func:`_level_factors`; the diagonal needs no decay)."""
+    :func:`_level_factors`; the diagonal needs no decay). ``f32_operands``: the factored operands stay float32
+    (TF32 tensor cores on NVIDIA) instead of being rounded to the input dtype."""
     C = a.shape[0]
     i, j = _iota(C)
     if gam.ndim == 1:
         return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], (i > j) if strict else (i >= j))
-    cd = a.dtype
+    cd = F32 if f32_operands else a.dtype
     af, bf = a.astype(F32), b.astype(F32)
     g = jnp.zeros((C, C), F32)
     for level in range(C.bit_length() - 1):
@@ -207,13 +208,13 @@ def _unit_lower_inverse(a: jax.Array, split: bool) -> jax.Array:
 # ----------------------------------------------------------------------------------------------------- kernels
 
 
-def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool):
+def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
     k = k_ref[...]
     cd = k.dtype
     gam = gam_ref[...]
     b = beta_ref[...].astype(F32)
-    a = _gram(k, k, gam, strict=True) * b[:, None]
+    a = _gram(k, k, gam, strict=True, f32_operands=f32_decay) * b[:, None]
     tc = _unit_lower_inverse(a, split).astype(cd)  # computed in float32, used (and stored) in the input dtype
     t_ref[...] = tc
     u_ref[...] = _dot(tc, (v_ref[...].astype(F32) * b[:, None]).astype(cd)).astype(u_ref.dtype)
@@ -244,13 +245,13 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
     ht_ref[...] = lax.fori_loop(0, n_chunks, body, h0_ref[...].astype(F32))
 
 
-def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: float):
+def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: float, f32_decay: bool):
     """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with a
     per-key gate ``P`` is also stored (``p_ref``) for the reverse state pass."""
     q = q_ref[...]
     cd = q.dtype
     gam = gam_ref[...]
-    p = _gram(q, k_ref[...], gam, strict=False) * scale
+    p = _gram(q, k_ref[...], gam, strict=False, f32_operands=f32_decay) * scale
     if p_ref:
         p_ref[0][...] = p.astype(p_ref[0].dtype)
     qd = (q.astype(F32) * scale * _col(jnp.exp(gam))).astype(cd)
@@ -475,7 +476,8 @@ def wy(st: Static, k, v, gam, beta):
     B, T, HV, K, V, N, _, s = _dims(st, k, v, gam)
     sds = jax.ShapeDtypeStruct
     return _call(
-        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3), "wy_fwd", st.cfg.wy, st, (B, HV, N),
+        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32), "wy_fwd",
+        st.cfg.wy, st, (B, HV, N),
         [s.qk(K), s.tok(V), s.gate(), s.vec()],
         [s.tok(V), s.tok(K), s.tok(st.chunk)],
         [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), sds((B, T, HV, st.chunk), k.dtype)],
@@ -513,7 +515,8 @@ def output(st: Static, q, k, vn, gam, h):
     sds = jax.ShapeDtypeStruct
     per_key = gam.ndim == 4
     outs = _call(
-        functools.partial(_output_kernel, scale=st.scale), "output_fwd", st.cfg.output, st, (B, HV, N),
+        functools.partial(_output_kernel, scale=st.scale, f32_decay=st.cfg.decay_operands_f32), "output_fwd",
+        st.cfg.output, st, (B, HV, N),
         [s.qk(K), s.qk(K), s.tok(V), s.gate(), s.snap(K, V)],
         [s.tok(V)] + ([s.tok(st.chunk)] if per_key else []),
         [sds((B, T, HV, V), vn.dtype)] + ([sds((B, T, HV, st.chunk), q.dtype)] if per_key else []),

@@ -29,7 +29,9 @@ class RecurrentConfig:
     the triangular inverse as three bf16 tensor-core matmuls each (else IEEE float32 dots).
     ``split_grad_from``: with the delta rule and ``K * V`` (padded head dims) at least this, the gradient pass is
     two launches (``grad``: through the output and state update; ``grad_wy``: through the WY transform) instead of
-    one fused kernel (``None``: always fused).
+    one fused kernel (``None``: always fused). ``decay_operands_f32`` (per-key gate only): the forward's decayed
+    Gram products (``A`` in ``wy``, ``P`` in ``output``) from float32 operands (TF32 tensor cores on NVIDIA) instead
+    of input-dtype ones: less rounding, more registers.
     """
 
     block_v: int = 32
@@ -41,6 +43,7 @@ class RecurrentConfig:
     grad: Launch = Launch()  # parallel gradient pass (dq, dk, dv, dbeta, dg)
     split_grad_from: int | None = None
     grad_wy: Launch = Launch()  # the WY part of the gradient pass when split
+    decay_operands_f32: bool = False
 
 
 RECURRENT: dict[str, RecurrentConfig] = {

@@ -37,9 +37,11 @@ def _sds(*shape, dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False) -> Case:
+def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
+                     f32_decay: bool = False) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
-    heads, K=V=64, T ragged (200). ``split``: the gradient pass as two launches."""
+    heads, K=V=64, T ragged (200). ``split``: the gradient pass as two launches; ``f32_decay``: KDA's forward
+    decayed products from float32 operands."""
     B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
@@ -49,6 +51,7 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
         def f(q, k, v, g, beta, h0):
             config = recurrent_config(arch, per_key=per_key)
             config = dataclasses.replace(config, split_grad_from=0) if split else config
+            config = dataclasses.replace(config, decay_operands_f32=True) if f32_decay else config
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
                                     config=config)
 
@@ -85,6 +88,7 @@ CASES = [
     _recurrence_case("kda_fwd_bwd", delta=True, backward=True, per_key=True),
     _recurrence_case("gdn_fwd_bwd_split_grad", delta=True, backward=True, split=True),
     _recurrence_case("kda_fwd_bwd_split_grad", delta=True, backward=True, per_key=True, split=True),
+    _recurrence_case("kda_fwd_f32_decay", delta=True, backward=False, per_key=True, f32_decay=True),
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),

@@ -165,6 +165,19 @@ def test_kda_bfloat16():
     check(inputs, weights, chunk=32, final_state=True, fwd_tol=5e-3, grad_tol=2e-2, against_xla=False)
 
 
+def test_kda_float32_decay_operands_round_less():
+    """``decay_operands_f32``: same values and gradients (bf16 tolerances), and a forward closer to the exact one than
+    with the decayed products' operands rounded to bf16."""
+    inputs, weights = make_inputs(14, B=1, T=128, H=2, HV=2, K=32, V=32, dtype=jnp.bfloat16, per_key=True)
+    config = dataclasses.replace(tuning.recurrent_config(per_key=True), decay_operands_f32=True)
+    check(inputs, weights, chunk=64, final_state=True, fwd_tol=5e-3, grad_tol=2e-2, against_xla=False, config=config)
+    exact, _ = naive(**{n: inputs[n] for n in ("q", "k", "v", "g", "beta")}, initial_state=inputs["h0"])
+    errors = [rel_rms(pallas(64, c)(**{n: inputs[n] for n in ("q", "k", "v", "g", "beta")},
+                                    initial_state=inputs["h0"])[0], exact)
+              for c in (config, tuning.recurrent_config(per_key=True))]
+    assert errors[0] < errors[1], errors
+
+
 def test_kda_strongly_negative_gates():
     """Gates down to -20 per step and per channel (a span of 640 in a chunk), and -1000 on some (step, channel)
     pairs as in FLA's stress test: no overflow or NaN, same values and gradients."""
