@@ -41,7 +41,7 @@ from ml_collections import ConfigDict
 
 from hybrid_jax.flops import flops_per_token, mixer_flops_per_token, peak_flops
 from hybrid_jax.model import Sublayer, layer_plan, sublayer_kinds
-from hybrid_jax.model.layers import RMSNorm, dtypes, normal_init
+from hybrid_jax.model.stack import make_embedding, make_final_norm
 from hybrid_jax.train.loss import cross_entropy
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -53,16 +53,8 @@ class Head(nnx.Module):
     """The model's ends as ``HybridLM`` builds them: ``embed.embedding [V,D]`` (tied) and ``final_norm [D]``."""
 
     def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
-        dtype, param_dtype = dtypes(cfg)
-        self.embed = nnx.Embed(
-            cfg.vocab_size,
-            cfg.hidden_size,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            embedding_init=normal_init(cfg.init_std),
-            rngs=rngs,
-        )
-        self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.embed = make_embedding(cfg, rngs)
+        self.final_norm = make_final_norm(cfg)
 
     def __call__(
         self, h: jax.Array, tokens: jax.Array, targets: jax.Array, *, chunk_size: int

@@ -69,6 +69,19 @@ class Sublayer(nnx.Module):
         return x + y.astype(x.dtype), cache
 
 
+def make_embedding(model_cfg: ConfigDict, rngs: nnx.Rngs) -> nnx.Embed:
+    """The tied token embedding ``[V, D]`` of ``HybridLM``."""
+    dtype, param_dtype = dtypes(model_cfg)
+    return nnx.Embed(model_cfg.vocab_size, model_cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
+                     embedding_init=normal_init(model_cfg.init_std), rngs=rngs)
+
+
+def make_final_norm(model_cfg: ConfigDict) -> RMSNorm:
+    """The RMSNorm ``[D]`` after the last sublayer of ``HybridLM``."""
+    dtype, param_dtype = dtypes(model_cfg)
+    return RMSNorm(model_cfg.hidden_size, eps=model_cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+
+
 def tied_logits(features: jax.Array, embedding: jax.Array) -> jax.Array:
     """``features [..., D] @ embedding[V, D]^T`` in the features' dtype, accumulated and returned in float32."""
     return jnp.einsum("...d,vd->...v", features, embedding.astype(features.dtype),
@@ -85,15 +98,13 @@ class HybridLM(nnx.Module):
     def __init__(self, model_cfg: ConfigDict, *, rngs: nnx.Rngs):
         if model_cfg.remat not in REMAT_MODES:
             raise ValueError(f"model.remat must be one of {REMAT_MODES}, got {model_cfg.remat!r}")
-        dtype, param_dtype = dtypes(model_cfg)
         self.plan = layer_plan(model_cfg)
-        self.embed = nnx.Embed(model_cfg.vocab_size, model_cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
-                               embedding_init=normal_init(model_cfg.init_std), rngs=rngs)
+        self.embed = make_embedding(model_cfg, rngs)
         remat = {"none": (), "mixer": ("mla", "gdn", "kda", "mamba2"), "full": tuple(SUBLAYERS)}[model_cfg.remat]
         self.layers = nnx.List(
             [Sublayer(kind, model_cfg, rngs=rngs, remat=kind in remat) for kind in sublayer_kinds(model_cfg)]
         )
-        self.final_norm = RMSNorm(model_cfg.hidden_size, eps=model_cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.final_norm = make_final_norm(model_cfg)
 
     @property
     def embedding(self) -> jax.Array:
