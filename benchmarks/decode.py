@@ -22,6 +22,7 @@ from absl import app, flags
 from flax import nnx
 from ml_collections import ConfigDict, config_flags
 
+from hybrid_jax.config import load_config_file
 from hybrid_jax.model import HybridLM, count_params, sublayer_kinds
 from hybrid_jax.model.cache import cache_bytes, compile_decoder
 
@@ -36,15 +37,6 @@ _OUT = flags.DEFINE_string("out", "", "JSON output path (default $OUT/decode.jso
 CONFIGS = ("zebra_300m_gdn", "zebra_300m_gdn_hybrid", "zebra_300m_kda", "zebra_300m_mamba2_hybrid", "zebra_1b_gdn",
            "zebra_1b_kda", "zebra_1b_mamba2_hybrid", "zebra_3b", "zebra_8b")
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-def load_config(name: str) -> ConfigDict:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, CONFIG_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def cache_memory(model_cfg: ConfigDict, context: int) -> dict:
@@ -67,7 +59,7 @@ def memory_table(context: int) -> None:
           f"recurrent state (fixed) | total per sequence at {context} |")
     print("|---|---|---|---|---|---|---|")
     for name in CONFIGS:
-        r = cache_memory(load_config(name).model, context)
+        r = cache_memory(load_config_file(CONFIG_DIR / f"{name}.py").model, context)
         ratio = f" ({r['full_kv_bytes_per_token'] / r['latent_bytes_per_token']:.1f}x)" if r["mla_layers"] else ""
         print(f"| {name} | {r['params_m']}M | {r['mla_layers']} / {r['recurrent_layers']} | "
               f"{r['latent_bytes_per_token']:,} B | {r['full_kv_bytes_per_token']:,} B{ratio} | "

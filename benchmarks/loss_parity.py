@@ -27,7 +27,6 @@ and ``$OUT/loss_parity_REFERENCE.png``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import tempfile
@@ -39,15 +38,10 @@ import numpy as np
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def load_config(path: str):
-    spec = importlib.util.spec_from_file_location("parity_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 def parity_config(path: str, *, steps: int, batch: int, seq_len: int, workdir: str):
-    cfg = load_config(path)
+    from hybrid_jax.config import load_config_file
+
+    cfg = load_config_file(path)
     cfg.train.update(dict(steps=steps, global_batch_size=batch, micro_batch_size=batch, seq_len=seq_len,
                           warmup_steps=max(1, steps // 10), log_every=1, save_every=steps, workdir=workdir))
     return cfg

@@ -27,7 +27,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import runpy
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.config import load_config_file
 from hybrid_jax.model import HybridLM, count_params
 from hybrid_jax.train import mesh as mesh_lib
 from hybrid_jax.train.optim import make_optimizer
@@ -51,7 +51,7 @@ SMOKE_SEQ_LEN = 32
 
 def load_config(path: str, *, remat: str, seq_len: int | None) -> ConfigDict:
     """``get_config()`` of ``path`` with ``model.remat = remat`` (and ``train.seq_len`` when given)."""
-    config = runpy.run_path(path)["get_config"]()
+    config = load_config_file(path)
     config.model.remat = remat
     if seq_len is not None:
         config.train.seq_len = seq_len

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.util
 import json
 import math
 import os
@@ -53,6 +52,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.config import load_config_file
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.layers import MLP, RMSNorm
 from hybrid_jax.model.mamba2 import Mamba2
@@ -80,14 +80,6 @@ class Op:
     diff: tuple
     const: tuple = ()
     flops: float = 0.0  # forward model FLOPs (matmuls); 0 for a memory-bound op
-
-
-def load_config(path: Path) -> ConfigDict:
-    """``get_config()`` of a config file."""
-    spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def module_op(name: str, shape: str, module: nnx.Module, call: Callable, inputs: tuple, flops: float = 0.0) -> Op:
@@ -240,7 +232,7 @@ def main() -> None:
     ap.add_argument("--ce-chunks", default="", help="comma list: also time the cross-entropy at these chunk sizes")
     ap.add_argument("--smoke", action="store_true", help="the demo config at batch 1 x 64 on CPU (checks the script)")
     args = ap.parse_args()
-    cfg = load_config(CONFIGS / "demo.py" if args.smoke else args.config)
+    cfg = load_config_file(CONFIGS / "demo.py" if args.smoke else args.config)
     batch, seq, repeats = (1, 64, 2) if args.smoke else (args.batch, cfg.train.seq_len, args.repeats)
     if args.smoke:
         cfg.model.dtype = "bfloat16"  # the demo trains in float32; the ops are measured in bf16

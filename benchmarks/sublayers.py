@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import runpy
 import statistics
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.config import load_config_file
 from hybrid_jax.flops import flops_per_token, mixer_flops_per_token, peak_flops
 from hybrid_jax.model import Sublayer, layer_plan, sublayer_kinds
 from hybrid_jax.model.stack import make_embedding, make_final_norm
@@ -68,7 +68,7 @@ class Head(nnx.Module):
 def load_config(path: str) -> ConfigDict:
     """``get_config()`` of a config file (a path, or a file name under the repository's ``configs/``)."""
     file = Path(path) if Path(path).exists() else CONFIG_DIR / path
-    return runpy.run_path(str(file))["get_config"]()
+    return load_config_file(file)
 
 
 def median_ms(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 2) -> float:

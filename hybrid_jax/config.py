@@ -7,9 +7,20 @@ clip 1.0, cosine to ``min_lr`` after a linear warmup, seq 2048, Llama-3 vocabula
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 from ml_collections import ConfigDict
+
+
+def load_config_file(path: str | Path) -> ConfigDict:
+    """``get_config()`` of a config file such as ``configs/demo.py``."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def base_config() -> ConfigDict:

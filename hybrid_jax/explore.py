@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from matplotlib.figure import Figure
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
+from hybrid_jax.config import load_config_file
 from hybrid_jax.data.mock import SUCCESSOR_PROBS, MarkovSequences
 from hybrid_jax.data.tokenizer import Tokenizer, load_tokenizer
 from hybrid_jax.kernels.reference import l2_normalize
@@ -55,15 +55,6 @@ RECURRENT = MIXERS  # ("gdn", "kda", "mamba2")
 
 
 # --------------------------------------------------------------------------------------------- loading
-def load_config_file(path: str | Path) -> ConfigDict:
-    """``get_config()`` of a config file such as ``configs/demo.py``."""
-    path = Path(path)
-    spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 def load_model(workdir: str | Path | None = None, config: str | Path | ConfigDict | None = None,
                seed: int = 0) -> tuple[HybridLM, ConfigDict]:
     """The checkpoint in ``workdir`` (newest step, via ``hybrid_jax.load``), else a random init of ``config``."""

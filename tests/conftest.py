@@ -24,12 +24,9 @@ def shared_data() -> Path:
 
 def load_config(name: str):
     """``configs/<name>.py``'s ``get_config()``."""
-    import importlib.util
+    from hybrid_jax.config import load_config_file
 
-    spec = importlib.util.spec_from_file_location(f"configs.{name}", REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return load_config_file(REPO / "configs" / f"{name}.py")
 
 
 def rel_err(a, b) -> float:

@@ -11,9 +11,9 @@ works for pure GDN / pure KDA models only. The second writes a step-0 checkpoint
 from __future__ import annotations
 
 import argparse
-import runpy
 import sys
 
+from hybrid_jax.config import load_config_file
 from hybrid_jax.export.tensors import ExportError
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.from_fla:
             from hybrid_jax.export.import_fla import import_fla
 
-            base = runpy.run_path(args.config)["get_config"]() if args.config else None
+            base = load_config_file(args.config) if args.config else None
             config = import_fla(args.from_fla, args.workdir, base)
             print(f"imported {args.from_fla} into {args.workdir} (step 0). Train from it with:\n"
                   f"python -m hybrid_jax.train --config {args.config or 'CONFIG'} "
