@@ -19,8 +19,6 @@ import dataclasses
 import functools
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
 import jax
@@ -50,6 +48,7 @@ def _import_kernels_from_source() -> None:
 _import_kernels_from_source()
 
 from benchmarks.shapes import SHAPES, Shape  # noqa: E402
+from benchmarks.timing import median_ms  # noqa: E402
 from hybrid_jax.kernels import chunk_pallas, reference  # noqa: E402
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence  # noqa: E402
 from hybrid_jax.kernels.tuning import current_arch, recurrent_config  # noqa: E402
@@ -97,17 +96,6 @@ def make_fns(s: Shape, impl: str, config=None, interpret: bool = False, chunk: i
         return o, vjp(do.astype(o.dtype))[0]
 
     return jax.jit(fwd), jax.jit(fwd_bwd)
-
-
-def median_ms(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 STAGES = {
@@ -190,6 +178,15 @@ def parse_variant(text: str) -> tuple[str, object]:
     return field, words[value.lower()] if value.lower() in words else int(value)
 
 
+def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, repeats: int) -> dict:
+    """fwd and fwd+bwd ms of one form of the kernels, and its errors against the reference: the output's, and the
+    largest of the output's and every gradient's."""
+    o, grads = fwd_bwd(x, do)
+    err_o = rel_rms(o, o_ref)
+    return dict(fwd_ms=median_ms(fwd, x, repeats=repeats), fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats),
+                err_o=err_o, max_err=max([err_o] + [rel_rms(grads[n], g_ref[n]) for n in x]))
+
+
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
         other_chunks: tuple[int, ...] = (), variants: tuple[str, ...] = ()) -> dict:
     x = inputs(s)
@@ -213,33 +210,19 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
     if other_grad and s.delta:  # the other gradient-pass variant (fused <-> split in two launches), same checks
         split = cfg.split_grad_from is not None and s.K * s.V >= cfg.split_grad_from
         other = dataclasses.replace(cfg, split_grad_from=None if split else 0)
-        _, other_fwd_bwd = make_fns(s, "pallas", other, interpret)
-        o2, grads2 = other_fwd_bwd(x, do)
         res["other_grad"] = dict(
             split=not split,
-            fwdbwd_ms=median_ms(other_fwd_bwd, x, do, repeats=repeats),
             grad_ms=stage_ms("grad", stage_args(s, other, interpret=interpret)["grad"], other, repeats,
                              interpret=interpret),
-            max_err=max([rel_rms(o2, o_ref)] + [rel_rms(grads2[n], g_ref[n]) for n in x]),
+            **time_and_check(*make_fns(s, "pallas", other, interpret), x, do, o_ref, g_ref, repeats),
         )
     for variant in variants:  # the table's config with one field changed
         v_cfg = dataclasses.replace(cfg, **dict([parse_variant(variant)]))
-        v_fwd, v_fwd_bwd = make_fns(s, "pallas", v_cfg, interpret)
-        o_v, grads_v = v_fwd_bwd(x, do)
-        res.setdefault("variants", {})[variant] = dict(
-            fwd_ms=median_ms(v_fwd, x, repeats=repeats),
-            fwdbwd_ms=median_ms(v_fwd_bwd, x, do, repeats=repeats),
-            err_o=rel_rms(o_v, o_ref),
-            max_err=max([rel_rms(o_v, o_ref)] + [rel_rms(grads_v[n], g_ref[n]) for n in x]),
-        )
+        res.setdefault("variants", {})[variant] = time_and_check(
+            *make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
     for chunk in other_chunks:  # the same kernels at another chunk size (fewer decay levels, more sequential steps)
-        c_fwd, c_fwd_bwd = make_fns(s, "pallas", cfg, interpret, chunk=chunk)
-        o_c, grads_c = c_fwd_bwd(x, do)
-        res.setdefault("other_chunks", {})[chunk] = dict(
-            fwd_ms=median_ms(c_fwd, x, repeats=repeats),
-            fwdbwd_ms=median_ms(c_fwd_bwd, x, do, repeats=repeats),
-            max_err=max([rel_rms(o_c, o_ref)] + [rel_rms(grads_c[n], g_ref[n]) for n in x]),
-        )
+        res.setdefault("other_chunks", {})[chunk] = time_and_check(
+            *make_fns(s, "pallas", cfg, interpret, chunk=chunk), x, do, o_ref, g_ref, repeats)
     args = stage_args(s, cfg, interpret=interpret)
     res["stages_ms"] = {n: stage_ms(n, a, cfg, repeats, interpret=interpret) for n, a in args.items()}
     if xla_timing:

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from benchmarks.timing import median_ms
 from hybrid_jax.config import load_config_file
 from hybrid_jax.flops import flops_per_token, mixer_flops_per_token, peak_flops
 from hybrid_jax.model import Sublayer, layer_plan, sublayer_kinds
@@ -69,18 +69,6 @@ def load_config(path: str) -> ConfigDict:
     """``get_config()`` of a config file (a path, or a file name under the repository's ``configs/``)."""
     file = Path(path) if Path(path).exists() else CONFIG_DIR / path
     return load_config_file(file)
-
-
-def median_ms(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 2) -> float:
-    """Median wall time in ms of ``fn(*args)`` over ``repeats`` calls after ``warmup`` calls (compilation)."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def time_module(
