@@ -84,45 +84,21 @@ RECURRENT: dict[str, RecurrentConfig] = {
     "fallback": RecurrentConfig(),
 }
 
-# KDA (per-key gate): ``wy``, ``output`` and ``grad`` hold several [C, K] float32 decay tiles and do log2(C)
-# masked matmuls per decayed product, so they get more warps (registers); the sequential passes match GDN.
-# The gradient pass is always split: on the H200 (B8 T2048) fwd+bwd 2.40 -> 1.92 ms at the 300M shape (H8 K32 V64),
-# 3.44 -> 3.05 ms at the 1B shape (H16 K32 V64), equal at K = V = 128. Warps/stages are unswept starting points
+# KDA (per-key gate): derived from the table above. ``wy`` and ``output`` hold several [C, K] float32 decay tiles
+# and do log2(C) masked matmuls per decayed product, so they get 8 warps (registers); the sequential passes match
+# GDN. The gradient pass is always split: on the H200 (B8 T2048) fwd+bwd 2.40 -> 1.92 ms at the 300M shape (H8 K32
+# V64), 3.44 -> 3.05 ms at the 1B shape (H16 K32 V64), equal at K = V = 128. The warps are unswept starting points
 # (``benchmarks/autotune.py`` fills them on a GPU); the ROCm entries are unmeasured.
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
-    "sm90": RecurrentConfig(
-        block_v=64,
-        wy=Launch(8, 2),
-        state=Launch(4, 2),
-        output=Launch(8, 2),
-        state_bwd=Launch(4, 2),
-        grad=Launch(8, 1),
+    arch: dataclasses.replace(
+        cfg,
+        wy=Launch(8, cfg.wy.num_stages),
+        output=Launch(8, cfg.output.num_stages),
         split_grad_from=0,
-        grad_wy=Launch(4, 1),
-    ),
-    # 64 KiB LDS: small state tiles, a single stage.
-    "gfx942": RecurrentConfig(
-        block_v=32,
-        wy=Launch(8, 1),
-        state=Launch(4, 1),
-        output=Launch(8, 1),
-        state_bwd=Launch(4, 1),
-        grad=Launch(8, 1),
-        split_grad_from=0,
-        grad_wy=Launch(4, 1),
-    ),
-    "gfx950": RecurrentConfig(
-        block_v=64,
-        wy=Launch(8, 1),
-        state=Launch(4, 1),
-        output=Launch(8, 1),
-        state_bwd=Launch(4, 1),
-        grad=Launch(8, 1),
-        split_grad_from=0,
-        grad_wy=Launch(4, 1),
-    ),
-    "fallback": RecurrentConfig(),
-}
+    )
+    for arch, cfg in RECURRENT.items()
+    if arch != "fallback"
+} | {"fallback": RecurrentConfig()}
 
 
 def arch_of(device_kind: str, platform: str) -> str:
