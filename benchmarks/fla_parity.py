@@ -74,8 +74,8 @@ def ours_logits(model: HybridLM, model_cfg, tokens: np.ndarray, dtype: str) -> n
     """Logits of ``model``'s parameters with compute dtype ``dtype`` (a copy of the model in that dtype)."""
     cfg = model_cfg.copy_and_resolve_references()
     cfg.dtype = dtype
-    copy = HybridLM(cfg, rngs=nnx.Rngs(0))
-    nnx.update(copy, nnx.state(model, nnx.Param))
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))  # no second random init
+    copy = nnx.merge(graphdef, nnx.state(model))
     return np.asarray(jax.jit(lambda t: copy(t))(tokens), np.float32)
 
 
