@@ -10,7 +10,8 @@
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
-#   profile                  300M GDN / KDA / Mamba2 hybrid throughput, then a traced step summary (top device ops)
+#   profile                  300M GDN / KDA / Mamba2 hybrid throughput (env PROFILE_CONFIGS picks), then a traced
+#                            step summary (top device ops)
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
@@ -54,7 +55,7 @@ run_part() {
     train_kda) ours_train zebra_300m_kda ;;
     train_hybrids) ours_train zebra_300m_gdn_hybrid; ours_train zebra_300m_mamba2_hybrid ;;
     train_1b)  ours_train zebra_1b_gdn ;;
-    profile)   for c in zebra_300m_gdn zebra_300m_kda zebra_300m_mamba2_hybrid; do
+    profile)   for c in ${PROFILE_CONFIGS:-zebra_300m_gdn zebra_300m_kda zebra_300m_mamba2_hybrid}; do
                  ours_train $c --profile "/tmp/trace_$c"; done ;;
     fla_train) timeout 300 python3 .anchors/fla_training.py 32 gdn 2>&1 | tee "$OUT/fla_train.log"
                mv "$OUT/fla_model.json" "$OUT/fla_train_gdn.json" ;;
