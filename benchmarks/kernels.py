@@ -77,14 +77,14 @@ def inputs(s: Shape, seed: int = 0) -> dict[str, jax.Array]:
     return x
 
 
-def make_fns(s: Shape, impl: str, config=None, interpret: bool = False, chunk: int = 64):
-    """(forward, forward+backward) jitted functions of the input dict, chunk size ``chunk``."""
+def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
+    """(forward, forward+backward) jitted functions of the input dict; Pallas at ``config.chunk``, XLA at 64."""
 
     def fwd(x):
         beta = x.get("beta")
         if impl == "pallas":
             o, _ = chunk_recurrence(
-                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, chunk_size=chunk, config=config,
+                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, config=config,
                 interpret=interpret,
             )
         else:
@@ -107,8 +107,10 @@ STAGES = {
 }
 
 
-def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> dict[str, tuple]:
-    """Arguments of each kernel stage (``chunk_pallas.STAGE(static, *args)``) at shape ``s``, from real data."""
+def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
+    """Arguments of each kernel stage (``chunk_pallas.STAGE(static, *args)``) at shape ``s``, from real data, at
+    ``config.chunk``."""
+    chunk = config.chunk
     x = inputs(s)
     st = chunk_pallas.Static(s.K**-0.5, chunk, config, interpret)
     q, k, v, beta = reference.l2_normalize(x["q"]).astype(x["q"].dtype), x["k"], x["v"], x.get("beta")
@@ -131,9 +133,9 @@ def stage_args(s: Shape, config, chunk: int = 64, interpret: bool = False) -> di
     return args
 
 
-def stage_ms(name: str, args: tuple, config, repeats: int, chunk: int = 64, interpret: bool = False) -> float:
-    """Median time of one kernel stage under ``config``."""
-    st = chunk_pallas.Static(1.0, chunk, config, interpret)
+def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = False) -> float:
+    """Median time of one kernel stage under ``config`` (arguments from :func:`stage_args` at its chunk)."""
+    st = chunk_pallas.Static(1.0, config.chunk, config, interpret)
     return median_ms(jax.jit(functools.partial(STAGES[name], st)), *args, repeats=repeats)
 
 
@@ -188,7 +190,7 @@ def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, rep
 
 
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
-        other_chunks: tuple[int, ...] = (), variants: tuple[str, ...] = ()) -> dict:
+        variants: tuple[str, ...] = ()) -> dict:
     x = inputs(s)
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
     cfg = recurrent_config(per_key=s.per_key)
@@ -220,16 +222,13 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         v_cfg = dataclasses.replace(cfg, **dict([parse_variant(variant)]))
         res.setdefault("variants", {})[variant] = time_and_check(
             *make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
-    for chunk in other_chunks:  # the same kernels at another chunk size (fewer decay levels, more sequential steps)
-        res.setdefault("other_chunks", {})[chunk] = time_and_check(
-            *make_fns(s, "pallas", cfg, interpret, chunk=chunk), x, do, o_ref, g_ref, repeats)
     args = stage_args(s, cfg, interpret=interpret)
     res["stages_ms"] = {n: stage_ms(n, a, cfg, repeats, interpret=interpret) for n, a in args.items()}
     if xla_timing:
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
         res["xla_fwdbwd_ms"] = median_ms(xla_fwd_bwd, x, do, repeats=repeats)
-    w = work(s)
+    w = work(s, cfg.chunk, min(cfg.block_v, s.V))
     for p in ("fwd", "fwdbwd"):
         sec = res[f"{p}_ms"] * 1e-3
         res[f"{p}_mfu"] = w[f"{p}_flops"] / sec / PEAK_FLOPS
@@ -246,9 +245,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="shape names to run")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--xla-timing", action="store_true", help="also time the XLA form")
-    ap.add_argument("--chunks", default="", help="comma list of other chunk sizes to time too (e.g. 32,16)")
     ap.add_argument("--variant", action="append", default=[],
-                    help="also time the config with FIELD=VALUE (a RecurrentConfig field; repeatable)")
+                    help="also time the config with FIELD=VALUE (a RecurrentConfig field, e.g. chunk=32; repeatable)")
     ap.add_argument("--other-grad", action="store_true",
                     help="also time the other gradient-pass variant (fused or split, see tuning.split_grad_from)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
@@ -275,7 +273,7 @@ def main() -> None:
             continue
         try:
             r = run(s, args.repeats, args.xla_timing, interpret=args.smoke, other_grad=args.other_grad,
-                    other_chunks=tuple(int(c) for c in args.chunks.split(",") if c), variants=tuple(args.variant))
+                    variants=tuple(args.variant))
         except Exception as e:  # keep going: one failing shape must not hide the others
             results[s.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{s.name:<12} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
@@ -298,9 +296,6 @@ def main() -> None:
         for variant, v in r.get("variants", {}).items():
             print(f"{'':13}{variant}: fwd {v['fwd_ms']:.3f} ms, fwd+bwd {v['fwdbwd_ms']:.3f} ms, "
                   f"err o {v['err_o']:.1e}, max err {v['max_err']:.1e}", flush=True)
-        for chunk, c in r.get("other_chunks", {}).items():
-            print(f"{'':13}chunk {chunk}: fwd {c['fwd_ms']:.3f} ms, fwd+bwd {c['fwdbwd_ms']:.3f} ms, "
-                  f"max err {c['max_err']:.1e}", flush=True)
         if "other_grad" in r:
             o = r["other_grad"]
             print(f"{'':13}{'split' if o['split'] else 'fused'} gradient pass: fwd+bwd {o['fwdbwd_ms']:.3f} ms, "

@@ -6,7 +6,8 @@
 # Groups separated by '//' run at the same time, group i on GPU i (CUDA_VISIBLE_DEVICES=i); the parts of a group
 # run one after the other on its GPU. Parts (each has its own time limit):
 #   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
-#   fla_ref_rest kda_chunks  FLA at the shapes its autotuning left out of fla_ref; KDA at chunk 32 and 16
+#   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda)
+#   kda kda_autotune         our KDA kernels (tuned chunk, and chunk 32) beside our GDN; a launch sweep at KDA shapes
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
@@ -44,9 +45,12 @@ run_part() {
     fla_ref)   timeout 270 python3 -m benchmarks.fla_reference --no-attention 2>&1 | tee "$OUT/fla_reference.log" ;;
     fla_ref_rest) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only ssd_anchor gdn_300m gdn_1b \
                  mamba2_300m kda_anchor kda_300m kda_1b 2>&1 | tee "$OUT/fla_reference_rest.log" ;;
-    kda_chunks) timeout 360 python3 -m benchmarks.kernels --only gdn_anchor kda_anchor kda_300m kda_1b --chunks 32,16 \
-                 --variant decay_operands_f32=true \
-                 2>&1 | tee "$OUT/kda_chunks.log" ;;
+    fla_ref_kda) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only kda_300m kda_1b kda_anchor \
+                 2>&1 | tee "$OUT/fla_reference_kda.log" ;;
+    kda)       timeout 240 python3 -m benchmarks.kernels --only gdn_anchor kda_anchor kda_300m kda_1b \
+                 --variant chunk=32 2>&1 | tee "$OUT/kda_kernels.log" ;;
+    kda_autotune) timeout 240 python3 -m benchmarks.autotune --shape kda_300m kda_1b kda_anchor --budget-s 200 \
+                 --repeats 5 2>&1 | tee "$OUT/kda_autotune.log" ;;
     attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
     sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;
     anchors)   timeout 240 python3 .anchors/fla_kernels.py 2>&1 | tee "$OUT/fla_kernels.log"

@@ -40,7 +40,7 @@ def base_config() -> ConfigDict:
             param_dtype="float32",
             dtype="bfloat16",  # compute dtype
             kernel_impl="auto",  # auto | xla | pallas | pallas_interpret | naive
-            chunk_size=64,
+            chunk_size=0,  # recurrent-kernel chunk (power of two >= 16); 0: tuned per GPU and mixer (kernels.tuning)
             remat="none",  # none | mixer | full
             gdn=ConfigDict(
                 dict(num_key_heads=4, num_value_heads=8, key_head_dim=64, value_head_dim=64, conv_size=4)

@@ -51,7 +51,7 @@ def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_stat
     else:
         o, final = reference.chunked_recurrence(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
-            chunk_size=chunk_size,
+            chunk_size=chunk_size or 64,
         )
     return o, (final if output_final_state else None)
 
@@ -59,12 +59,13 @@ def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_stat
 def chunk_gated_delta_rule(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
-    use_qk_l2norm: bool = False, chunk_size: int = 64, impl: Impl = "auto",
+    use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
 ) -> tuple[jax.Array, jax.Array | None]:
     """Gated DeltaNet. ``q, k: [B,T,H,K]``; ``v: [B,T,HV,V]``; ``g`` (log decay), ``beta: [B,T,HV]``.
 
     Per value head: ``S_t = exp(g_t) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = scale S_t^T q_t``.
-    Returns ``(o [B,T,HV,V], final_state [B,HV,K,V] float32 or None)``.
+    ``chunk_size=None``: the Pallas kernels' tuned chunk for this GPU and gate kind (``kernels.tuning``: 64; KDA
+    16), 64 for the XLA form. Returns ``(o [B,T,HV,V], final_state [B,HV,K,V] float32 or None)``.
     """
     _check_shapes("chunk_gated_delta_rule", q, k, v, g, beta, per_key_gate=False)
     return _recurrence("chunk_gated_delta_rule", q, k, v, g, beta, scale=scale, initial_state=initial_state,
@@ -75,7 +76,7 @@ def chunk_gated_delta_rule(
 def chunk_kda(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
-    use_qk_l2norm: bool = False, chunk_size: int = 64, impl: Impl = "auto",
+    use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
 ) -> tuple[jax.Array, jax.Array | None]:
     """Kimi Delta Attention: as :func:`chunk_gated_delta_rule` with a decay per key channel, ``g: [B,T,HV,K]``."""
     _check_shapes("chunk_kda", q, k, v, g, beta, per_key_gate=True)
@@ -87,7 +88,7 @@ def chunk_kda(
 def chunk_simple_gla(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
-    chunk_size: int = 64, impl: Impl = "auto",
+    chunk_size: int | None = None, impl: Impl = "auto",
 ) -> tuple[jax.Array, jax.Array | None]:
     """Scalar-gated linear attention: ``S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = scale S_t^T q_t``.
 

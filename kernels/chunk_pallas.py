@@ -654,7 +654,7 @@ def chunk_recurrence(
     scale: float | None = None,
     initial_state: jax.Array | None = None,
     use_qk_l2norm: bool = False,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     interpret: bool = False,
     config: RecurrentConfig | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -664,13 +664,15 @@ def chunk_recurrence(
     Args:
       q, k: ``[B,T,H,K]``; v: ``[B,T,HV,V]`` (HV a multiple of H); g: ``[B,T,HV]`` or ``[B,T,HV,K]`` log decay;
       beta: ``[B,T,HV]`` or ``None``; initial_state: ``[B,HV,K,V]`` or ``None`` (zeros).
-      chunk_size: a power of two >= 16. interpret: run the kernels in Pallas interpret mode (CPU).
+      chunk_size: a power of two >= 16; ``None``: the config's ``chunk`` (tuned per GPU and gate kind).
+      interpret: run the kernels in Pallas interpret mode (CPU).
       config: launch parameters (default: ``tuning.recurrent_config()`` for the current device and gate kind).
 
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [B,HV,K,V] float32)``, the same function as
     :func:`hybrid_jax.kernels.reference.naive_recurrence`, differentiable in every array argument.
     """
-    C = chunk_size
+    config = config or recurrent_config(per_key=g.ndim == 4)
+    C = config.chunk if chunk_size is None else chunk_size
     if C < 16 or C & (C - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16, got {C}")
     B, T, H, K = q.shape
@@ -693,6 +695,6 @@ def chunk_recurrence(
     beta = None if beta is None else pad(beta, Tp - T, 0)
     h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
     h0 = pad(h0, 0, Kp - K, Vp - V)
-    st = Static(float(scale), C, config or recurrent_config(per_key=g.ndim == 4), interpret)
+    st = Static(float(scale), C, config, interpret)
     o, ht = _per_batch_shard(functools.partial(_chunked, st), B)(q, k, v, gam, beta, h0)
     return o[:, :T, :, :V].astype(out_dtype), ht[:, :, :K, :V]

@@ -22,8 +22,9 @@ class Launch:
 
 @dataclasses.dataclass(frozen=True)
 class RecurrentConfig:
-    """Launch parameters of the chunked recurrent kernels (``kernels/chunk_pallas.py``).
+    """Chunk length and launch parameters of the chunked recurrent kernels (``kernels/chunk_pallas.py``).
 
+    ``chunk``: the chunk length used when the caller passes ``chunk_size=None`` (a power of two >= 16).
     ``block_v`` tiles the value dim of the sequential state kernels (one program per (batch, head, V-tile)
     carries a ``[K, block_v]`` float32 state); it is clipped to V. ``inverse_bf16x3``: the float32 matmuls of
     the triangular inverse as three bf16 tensor-core matmuls each (else IEEE float32 dots).
@@ -34,6 +35,7 @@ class RecurrentConfig:
     of input-dtype ones: less rounding, more registers.
     """
 
+    chunk: int = 64
     block_v: int = 32
     inverse_bf16x3: bool = True
     wy: Launch = Launch()  # intra-chunk WY transform: A = KK^T decay, (I + A)^-1, w, u
@@ -84,21 +86,25 @@ RECURRENT: dict[str, RecurrentConfig] = {
     "fallback": RecurrentConfig(),
 }
 
-# KDA (per-key gate): derived from the table above. ``wy`` and ``output`` hold several [C, K] float32 decay tiles
-# and do log2(C) masked matmuls per decayed product, so they get 8 warps (registers); the sequential passes match
-# GDN. The gradient pass is always split: on the H200 (B8 T2048) fwd+bwd 2.40 -> 1.92 ms at the 300M shape (H8 K32
-# V64), 3.44 -> 3.05 ms at the 1B shape (H16 K32 V64), equal at K = V = 128. The warps are unswept starting points
-# (``benchmarks/autotune.py`` fills them on a GPU); the ROCm entries are unmeasured.
+# KDA (per-key gate): derived from the table above. Chunk 16: each decayed product costs log2(C) masked [C, K] x
+# [K, C] matmuls (chunk_pallas._level_factors), so the intra-chunk work per token grows as C log2(C); on the H200
+# (B8 T2048, fwd / fwd+bwd ms) chunk 64 -> 32 -> 16: anchor H16 K=V=128 4.55/18.07 -> 2.71/8.85 -> 2.40/5.91, 300M
+# shape (H8 K32 V64) 0.82/1.86 -> 0.91/1.91 -> 0.68/1.46, 1B shape (H16 K32 V64) 1.29/2.92 -> 1.47/3.21 -> 1.05/2.23,
+# and the forward error against float32 drops (6.7e-3 -> 4.9e-3 at the 300M shape). ``wy`` and ``output`` hold
+# several [C, K] float32 decay tiles and get 8 warps (registers); the sequential passes match GDN. The gradient pass
+# is always split (at chunk 64: 2.40 -> 1.92 ms at the 300M shape, 3.44 -> 3.05 ms at the 1B shape, equal at
+# K = V = 128). The ROCm entries take the same rule, unmeasured.
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
     arch: dataclasses.replace(
         cfg,
+        chunk=16,
         wy=Launch(8, cfg.wy.num_stages),
         output=Launch(8, cfg.output.num_stages),
         split_grad_from=0,
     )
     for arch, cfg in RECURRENT.items()
     if arch != "fallback"
-} | {"fallback": RecurrentConfig()}
+} | {"fallback": RecurrentConfig(chunk=16)}
 
 
 def arch_of(device_kind: str, platform: str) -> str:

@@ -50,7 +50,7 @@ class GatedDeltaNet(RecurrentMixer):
         self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.hv,), param_dtype))
         self.out_norm = RMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.out_proj = dense(cfg, vd, cfg.hidden_size, rngs=rngs)
-        self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size
+        self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size or None
         self.state_shape = (self.hv, self.dk, self.dv)
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -47,7 +47,7 @@ class Mamba2(RecurrentMixer):
         self.D = nnx.Param(jnp.ones((self.nheads,), param_dtype))
         self.norm = GroupRMSNorm(self.d_in, self.groups, eps=c.norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.out_proj = dense(cfg, self.d_in, cfg.hidden_size, rngs=rngs)
-        self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size, dtype
+        self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size or None, dtype
         self.state_shape = (self.nheads, self.state, self.head_dim)  # SSD: k = B (state_dim), v = dt*x
 
     def __call__(self, u: jax.Array) -> jax.Array:

@@ -37,6 +37,9 @@ def validate(config: ConfigDict, batch_shards: int) -> int:
             jnp.dtype(config.model[key])
         except TypeError:
             raise ConfigError(f"model.{key}={config.model[key]!r} is not a dtype (e.g. bfloat16, float32)") from None
+    c = config.model.chunk_size
+    if c != 0 and (c < 16 or c & (c - 1)):
+        raise ConfigError(f"model.chunk_size={c} must be 0 (tuned per GPU and mixer) or a power of two >= 16")
     t = config.train
     positive = ("steps", "seq_len", "log_every", "save_every", "keep_checkpoints", "loss_chunk_size",
                 "max_skipped_in_a_row")

@@ -204,6 +204,21 @@ def test_rejects_bad_chunk_size():
         chunk_recurrence(*(inputs[n] for n in ARGS[:5]), chunk_size=24, interpret=True)
 
 
+@pytest.mark.parametrize("per_key", [False, True])
+def test_chunk_size_none_takes_the_configs_chunk(per_key):
+    """``chunk_size=None`` runs at ``config.chunk`` (bit-identical to passing it), and the default config is the
+    gate kind's table entry: chunk 64 for GDN/GLA, 16 for KDA."""
+    inputs, _ = make_inputs(16, B=1, T=40, per_key=per_key)
+    x = [inputs[n] for n in ARGS[:5]]
+    run = lambda **kw: chunk_recurrence(*x, use_qk_l2norm=True, interpret=True, **kw)[0]
+    cfg = tuning.RecurrentConfig(chunk=32)
+    np.testing.assert_array_equal(np.asarray(run(config=cfg)), np.asarray(run(config=cfg, chunk_size=32)))
+    assert rel_rms(run(config=cfg), run(config=cfg, chunk_size=16)) > 0  # the chunk does change the rounding
+    default = 16 if per_key else 64
+    assert tuning.recurrent_config(per_key=per_key).chunk == default
+    np.testing.assert_array_equal(np.asarray(run()), np.asarray(run(chunk_size=default)))
+
+
 @pytest.mark.parametrize("kind, platform, arch", [
     ("NVIDIA H200", "gpu", "sm90"), ("NVIDIA H100 80GB HBM3", "gpu", "sm90"), ("gfx942", "rocm", "gfx942"),
     ("AMD Instinct MI300X", "rocm", "gfx942"), ("gfx950", "rocm", "gfx950"), ("AMD Instinct MI355X", "rocm", "gfx950"),
@@ -214,7 +229,7 @@ def test_tuning_lookup(kind, platform, arch):
     cfg = tuning.recurrent_config(arch)
     assert cfg is tuning.RECURRENT[arch] and cfg.block_v & (cfg.block_v - 1) == 0
     cfg = tuning.recurrent_config(arch, per_key=True)
-    assert cfg is tuning.RECURRENT_KDA[arch] and cfg.block_v & (cfg.block_v - 1) == 0
+    assert cfg is tuning.RECURRENT_KDA[arch] and cfg.block_v & (cfg.block_v - 1) == 0 and cfg.chunk == 16
 
 
 def test_runs_per_batch_shard_under_a_mesh():

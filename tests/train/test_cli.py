@@ -37,6 +37,7 @@ def _command(workdir, **overrides) -> list[str]:
         ),
         ({"model.pattern": "*-X-"}, "bad character 'X' at position 2"),
         ({"model.mixer": "rnn", "model.pattern": ""}, "model.mixer must be one of"),
+        ({"model.chunk_size": 24}, r"model.chunk_size=24 must be 0 \(tuned per GPU and mixer\) or a power of two"),
     ],
 )
 def test_config_errors_are_clear(tmp_path, overrides, message):
