@@ -37,7 +37,8 @@ _WARMUP = flags.DEFINE_integer("warmup", 3, "untimed steps first (compilation, a
 _ACCUM = flags.DEFINE_integer("accum", 1, "micro-batches per device per step")
 _OUT = flags.DEFINE_string("out", "", "JSON output path (default $OUT/train_throughput.json when $OUT is set)")
 _PROFILE = flags.DEFINE_string("profile", "", "after the timed steps, trace --profile_steps more into this directory "
-                               "and print where the device time goes (benchmarks/trace_summary.py)")
+                               "(with the step's HLO text, step_hlo.txt) and print where the device time goes "
+                               "(benchmarks/trace_summary.py; also written there with a sample of the events' args)")
 _PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 3, "steps traced with --profile")
 
 
@@ -87,12 +88,19 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
     seconds = time.perf_counter() - t0
     trace = None
     if profile:
-        from benchmarks.trace_summary import format_summary, summarize
+        from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
 
+        # the step's optimized HLO (the compiled step is cached: no second compilation) names each op's JAX scope
+        batch = jax.make_array_from_process_local_data(batch_sharding, next(data))
+        Path(profile).mkdir(parents=True, exist_ok=True)
+        (Path(profile) / HLO_FILE).write_text(step.lower(state, batch).compile().as_text())
         with jax.profiler.trace(profile, create_perfetto_trace=True):
             run(profile_steps)
-        trace = summarize(profile)
-        print(format_summary(trace), flush=True)
+        trace = summarize(profile, hlo=Path(profile) / HLO_FILE)
+        text = format_summary(trace)
+        print(text, flush=True)
+        (Path(profile) / "trace_summary.txt").write_text(text + "\n")
+        (Path(profile) / "event_args_sample.json").write_text(json.dumps(trace["arg_sample"], indent=1))
     tokens = steps * config.train.global_batch_size * config.train.seq_len
     per_device = tokens / seconds / jax.device_count()
     fpt = flops_per_token(config.model, config.train.seq_len)

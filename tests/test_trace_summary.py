@@ -1,0 +1,124 @@
+"""benchmarks/trace_summary.py: events of a real CPU trace are attributed to their JAX scopes through the HLO text,
+and the HLO metadata parser finds fusions, cuBLAS gemms and Pallas (Triton) kernels by the names a GPU trace uses."""
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.trace_summary import HLO_FILE, HloIndex, format_summary, parse_op_name, summarize
+
+# a GPU-style optimized HLO module (the long attributes filled in below): a loop fusion, a fusion whose scope is
+# only on its fused op, a cuBLAS gemm and a Pallas (Triton) kernel; the stack frame table prints a frame's parent
+# as its id + 1, as XLA does
+HLO = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[8,16]{1,0})->f32[8]{0}}
+
+FileNames
+1 "/repo/benchmarks/train_throughput.py"
+2 "/repo/hybrid_jax/train/loss.py"
+3 "/repo/hybrid_jax/model/layers.py"
+4 "/repo/kernels/api.py"
+
+FunctionNames
+1 "benchmark"
+2 "cross_entropy"
+3 "MLP.__call__"
+4 "make_train_step.<locals>.chunk_gated_delta_rule"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=90 end_line=90 column=8 end_column=8}
+2 {file_name_id=2 function_name_id=2 line=35 end_line=35 column=11 end_column=11}
+3 {file_name_id=3 function_name_id=3 line=120 end_line=120 column=4 end_column=4}
+4 {file_name_id=4 function_name_id=4 line=50 end_line=50 column=4 end_column=4}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=2}
+3 {file_location_id=3 parent_frame_id=2}
+4 {file_location_id=4 parent_frame_id=2}
+
+
+%fused_convert (param_0: f32[8,16]) -> bf16[8,16] {
+  %param_0 = f32[8,16]{1,0} parameter(0)
+  ROOT %convert.1 = bf16[8,16]{1,0} convert(%param_0), @LOSS@
+}
+
+%fused_reduce (param_0.1: f32[8,16]) -> f32[8] {
+  %param_0.1 = f32[8,16]{1,0} parameter(0)
+  %constant.2 = f32[] constant(0)
+  ROOT %reduce.3 = f32[8]{0} reduce(%param_0.1, %constant.2), dimensions={1}, to_apply=%add, @MLP_SUM@
+}
+
+ENTRY %main.1 (p0: f32[8,16]) -> f32[8] {
+  %p0 = f32[8,16]{1,0} parameter(0), metadata={op_name="x"}
+  %loop_convert_fusion.3 = bf16[8,16]{1,0} fusion(%p0), kind=kLoop, calls=%fused_convert, @LOSS@
+  %input_reduce_fusion = f32[8]{0} fusion(%p0), kind=kInput, calls=%fused_reduce
+  %custom-call.5 = (bf16[8,32]{1,0}, s8[0]{0}) custom-call(%loop_convert_fusion.3, %p0), @GEMM@, @MLP_DOT@
+  %custom-call.6 = f32[8,16]{1,0} custom-call(%p0), @TRITON@, @PALLAS@
+  ROOT %get-tuple-element.7 = f32[8]{0} get-tuple-element(%input_reduce_fusion), index=0
+}
+"""
+FILLED_IN = {  # what the @NAME@ marks in HLO stand for
+    "@LOSS@": 'metadata={op_name="jit(step)/while/body/eval_jaxpr/transpose(jvp(loss))/convert_element_type" '
+              'stack_frame_id=2}',
+    "@MLP_SUM@": 'metadata={op_name="jit(step)/jvp(mlp)/reduce_sum" stack_frame_id=3}',
+    "@MLP_DOT@": 'metadata={op_name="jit(step)/while/body/eval_jaxpr/jvp(mlp)/dot_general" stack_frame_id=3}',
+    "@PALLAS@": 'metadata={op_name="jit(step)/while/body/transpose(jvp())/pallas_call" stack_frame_id=4}',
+    "@GEMM@": 'custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"alpha_real":1}}',
+    "@TRITON@": 'custom_call_target="__gpu$xla.gpu.triton", backend_config={"name":"grad_bwd","num_warps":8}',
+}
+for mark, text in FILLED_IN.items():
+    HLO = HLO.replace(mark, text)
+
+
+def test_parse_op_name_drops_tracing_noise():
+    assert parse_op_name("jit(step)/while/body/eval_jaxpr/transpose(jvp(HybridLM))/blocks.3/jit(silu)/mul") == (
+        ["HybridLM", "blocks.3"], "bwd silu.mul")
+    assert parse_op_name("jit(f)/alpha/jit(sort)/sort") == (["alpha"], "sort")
+    assert parse_op_name("broadcast.92") == ([], "broadcast.92")
+
+
+def test_hlo_index_finds_fusions_gemms_and_pallas_kernels():
+    index = HloIndex(HLO)
+    assert index.module == "jit_step"
+    # a fusion by its instruction name (hlo_op) or by its kernel name; the driver's frame (benchmark) is dropped
+    for name, args in (("loop_convert_fusion_3", {}), ("x", {"hlo_op": "loop_convert_fusion.3"})):
+        scope = index.find(name, args)
+        assert (scope.path, scope.op, scope.source) == (("cross_entropy", "loss"), "bwd convert_element_type",
+                                                        "loss.py:35")
+    # a cuBLAS kernel through the args that name its custom call (hlo_op, or the long name's instruction text)
+    for args in ({"hlo_op": "custom-call.5", "hlo_module": "jit_step"},
+                 {"long_name": "%custom-call.5 = (bf16[8,32]{1,0}, s8[0]{0}) custom-call(...)"}):
+        scope = index.find("nvjet_sm90_tst_128x128_64x4_1x2_h_bz_coopA_NNT", args)
+        assert (scope.path, scope.op) == (("MLP", "mlp"), "dot_general")
+    # a Pallas kernel by its own name; a fusion without metadata takes its fused op's scope
+    assert index.find("grad_bwd", {}).path == ("make_train_step.chunk_gated_delta_rule",)
+    assert index.find("grad_bwd", {}).op == "bwd pallas_call"
+    assert index.find("input_reduce_fusion", {}).path == ("MLP", "mlp")
+    # another module's op of the same name is not this step's
+    assert index.find("nvjet", {"hlo_op": "custom-call.5", "hlo_module": "jit_other"}) is None
+    assert index.find("unknown_kernel", {"device_ordinal": "0"}) is None
+
+
+def test_cpu_trace_attributes_time_to_named_scopes(tmp_path):
+    def f(x, w):
+        with jax.named_scope("alpha"):
+            y = jnp.sort(jnp.sin(x), axis=-1)  # a sort is not fused with the matmul: one op per scope
+        with jax.named_scope("beta"):
+            return jnp.tanh(y @ w)
+
+    f = jax.jit(f)
+    x = w = jnp.ones((128, 128))
+    (tmp_path / HLO_FILE).write_text(f.lower(x, w).compile().as_text())
+    f(x, w).block_until_ready()
+    with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
+        for _ in range(3):
+            f(x, w).block_until_ready()
+
+    s = summarize(tmp_path)
+    assert s["hlo"] == str(tmp_path / HLO_FILE) and s["busy_ms"] > 0
+    scopes = {r["scope"]: r["ms"] for r in s["scopes"] if r["depth"] == 1}
+    assert scopes.keys() == {"alpha", "beta"} and min(scopes.values()) > 0, s["scopes"]
+    assert any("alpha" in o["scope"] and "sort" in o["scope"] for o in s["ops"])
+    assert any("beta" in o["scope"] and "dot_general" in o["scope"] for o in s["ops"])
+    assert "hlo_op" in s["arg_keys"] and s["arg_sample"][0]["args"]["hlo_op"]
+    text = format_summary(s)
+    assert "by scope" in text and "alpha" in text and "beta" in text
