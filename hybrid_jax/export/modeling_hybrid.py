@@ -1,9 +1,9 @@
 """Self-contained PyTorch port of a hybrid_jax model (MLA, Gated DeltaNet, KDA, Mamba2, SwiGLU), shipped in exports.
 
 Load an export with ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``. Pure PyTorch in float32:
-runs on CPU with no FLA, Triton or mamba_ssm. The recurrent mixers use the token-by-token recurrence (the
-specification, written for clarity rather than speed); MLA is plain causal softmax attention. No KV cache: every
-``generate`` step re-runs the full forward.
+runs on CPU with no FLA, Triton or mamba_ssm. The recurrent mixers run the chunked (WY/UT) form of the gated
+recurrence, ``chunked_recurrence``; ``recurrence`` is its token-by-token specification (what the tests compare it
+against). MLA is plain causal softmax attention. No KV cache: every ``generate`` step re-runs the full forward.
 
 Parameter names mirror the JAX model (``hybrid_jax.model``): ``model.layers.{i}`` is sublayer ``i`` of the layer plan
 (one pre-norm residual block per mixer and per MLP, Megatron style), PyTorch layouts (``Linear.weight [out, in]``,
@@ -111,6 +111,88 @@ def recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     return torch.stack(outputs, dim=1)
 
 
+def segment_sums(g: torch.Tensor, per_key: bool) -> torch.Tensor:
+    """``E_ij = sum_{j<s<=i} g_s`` (= ``gamma_i - gamma_j``, ``gamma`` the cumulative log decay) for ``i >= j``, 0
+    above the diagonal. ``g: [..., C] -> [..., C, C]``; per key ``[..., C, K] -> [..., C, C, K]``.
+
+    Summing only the gates in between, rather than differencing cumulative sums that reach ``C * |g|``, keeps the
+    exponent exact to float32 rounding of its own size, also for strong decays.
+    """
+    if not per_key:
+        return segment_sums(g[..., None], True)[..., 0]
+    C, K = g.shape[-2:]
+    keep = torch.ones(C, C, dtype=torch.bool, device=g.device).tril(-1)[..., None]  # [s, j, 1]: s > j
+    return g[..., :, None, :].expand(*g.shape[:-2], C, C, K).masked_fill(~keep, 0.0).cumsum(-3)
+
+
+def decayed_scores(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, strict: bool) -> torch.Tensor:
+    """``S_ij = sum_d a_id b_jd exp(gamma_id - gamma_jd)`` for ``j < i`` (``j <= i`` unless strict), else 0.
+
+    ``a, b: [..., C, K]``; ``seg``: :func:`segment_sums` of the chunk's gates, ``[..., C, C]`` (scalar gate) or
+    ``[..., C, C, K]`` (per-key gate: the decay sits inside the K contraction) -> ``[..., C, C]``. The exponent is
+    masked to ``-inf`` before ``exp``, so nothing is ever formed from the upper triangle.
+    """
+    C = a.shape[-2]
+    upper = ~torch.ones(C, C, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
+    if seg.dim() == a.dim():
+        return (a @ b.transpose(-1, -2)) * torch.exp(seg.masked_fill(upper, float("-inf")))
+    decay = torch.exp(seg.masked_fill(upper[..., None], float("-inf")))  # [..., C, C, K]
+    return torch.einsum("...id,...jd,...ijd->...ij", a, b, decay)
+
+
+def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
+                       scale: float, chunk_size: int = 64) -> torch.Tensor:
+    """The same function as :func:`recurrence` (same shapes, state from zeros), computed chunk by chunk (WY/UT form).
+
+    ``q, k: [B,T,H,K]``, ``v: [B,T,H,V]``, ``g: [B,T,H]`` or ``[B,T,H,K]``, ``beta: [B,T,H]`` or ``None`` ->
+    ``o [B,T,H,V]`` in q's dtype. Per chunk of ``C = chunk_size`` tokens with chunk-local cumulative log decay
+    ``gamma`` and start state ``S0``::
+
+        A     = strict_lower(beta_i * sum_d k_id k_jd exp(gamma_id - gamma_jd))      (delta rule only)
+        u     = (I + A)^-1 (beta * V);   w = (I + A)^-1 (beta * exp(gamma) * K)
+        v_new = u - w S0                  (plain GLA: v_new = V)
+        o     = scale * [(Q * exp(gamma)) S0 + lower_incl(Q K^T decayed) v_new]
+        S1    = exp(gamma_last) S0 + (K * exp(gamma_last - gamma))^T v_new
+
+    Everything that does not depend on ``S0`` is computed for all chunks at once; only the three state products run
+    in the loop over chunks. T need not be a multiple of C: the tail is padded with ``k = v = beta = 0`` and
+    ``g = 0``, which leaves the state untouched. Computed in float32 (float64 inputs: float64), autocast off.
+    """
+    B, T, H, K = q.shape
+    V, C = v.shape[-1], chunk_size
+    N = -(-T // C)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+
+    def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [B,T,H,...] -> [N,B,H,C,...], zero padded to N*C tokens
+        x = F.pad(x.to(dtype), (0, 0) * (x.dim() - 2) + (0, N * C - T))
+        return x.reshape(B, N, C, *x.shape[2:]).movedim((1, 3), (0, 2)).contiguous()
+
+    with torch.autocast(q.device.type, enabled=False):
+        qc, kc, vc, gc = to_chunks(q) * scale, to_chunks(k), to_chunks(v), to_chunks(g)
+        per_key = g.dim() == 4
+        seg = segment_sums(gc, per_key)  # [N,B,H,C,C] or [N,B,H,C,C,K]
+        gamma = gc.cumsum(3)[..., None] if not per_key else gc.cumsum(3)  # [N,B,H,C,1] or [N,B,H,C,K]
+        to_end = seg[..., -1, :, None] if not per_key else seg[..., -1, :, :]  # gamma_last - gamma, as gamma
+        q_decayed, k_to_end = qc * torch.exp(gamma), kc * torch.exp(to_end)
+        state_decay = torch.exp(gamma[:, :, :, -1:]).transpose(-1, -2)  # [N,B,H,K,1] or [N,B,H,1,1]
+        scores = decayed_scores(qc, kc, seg, strict=False)  # [N,B,H,C,C]
+        if beta is None:
+            u, w = vc, None
+        else:
+            bc = to_chunks(beta)[..., None]  # [N,B,H,C,1]
+            eye_plus_a = torch.eye(C, dtype=dtype, device=q.device) + bc * decayed_scores(kc, kc, seg, strict=True)
+            u, w = (torch.linalg.solve_triangular(eye_plus_a, bc * rhs, upper=False, unitriangular=True)
+                    for rhs in (vc, kc * torch.exp(gamma)))
+        state = qc.new_zeros(B, H, K, V)
+        outputs = []
+        for n in range(N):
+            v_new = u[n] if w is None else u[n] - w[n] @ state
+            outputs.append(q_decayed[n] @ state + scores[n] @ v_new)
+            state = state_decay[n] * state + k_to_end[n].transpose(-1, -2) @ v_new
+        o = torch.stack(outputs).movedim((0, 2), (1, 3)).reshape(B, N * C, H, V)[:, :T]
+    return o.to(q.dtype)
+
+
 # --------------------------------------------------------------------------------------------- sublayers
 class MLP(nn.Module):
     """SwiGLU: ``linear_fc2(silu(gate) * up)``, ``[gate | up] = linear_fc1(x)``."""
@@ -214,8 +296,8 @@ class GatedDeltaNet(nn.Module):
         group = self.hv // self.hk
         q = l2_normalize(q.view(B, T, self.hk, self.dk)).repeat_interleave(group, dim=2)
         k = l2_normalize(k.view(B, T, self.hk, self.dk)).repeat_interleave(group, dim=2)
-        o = recurrence(q, k, v.view(B, T, self.hv, self.dv), decay_gate(self.A_log, a, self.dt_bias),
-                       torch.sigmoid(b), self.dk**-0.5)
+        o = chunked_recurrence(q, k, v.view(B, T, self.hv, self.dv), decay_gate(self.A_log, a, self.dt_bias),
+                               torch.sigmoid(b), self.dk**-0.5)
         return self.out_proj(self.out_norm(o, F.silu(z).view(B, T, self.hv, self.dv)).reshape(B, T, vd))
 
 
@@ -247,7 +329,7 @@ class KimiDeltaAttention(nn.Module):
         k = l2_normalize(k.view(B, T, self.hk, self.dk)).repeat_interleave(group, dim=2)
         g = decay_gate(self.A_log[:, None], self.f_b_proj(f_a).view(B, T, self.hv, self.dk),
                        self.dt_bias.view(self.hv, self.dk))
-        o = recurrence(q, k, v.view(B, T, self.hv, self.dv), g, torch.sigmoid(b), self.dk**-0.5)
+        o = chunked_recurrence(q, k, v.view(B, T, self.hv, self.dv), g, torch.sigmoid(b), self.dk**-0.5)
         gate = torch.sigmoid(self.g_b_proj(g_a)).view(B, T, self.hv, self.dv)
         return self.out_proj(self.out_norm(o, gate).reshape(B, T, vd))
 
@@ -280,7 +362,7 @@ class Mamba2(nn.Module):
         b = b.view(B, T, self.g, self.n).repeat_interleave(group, dim=2)
         c = c.view(B, T, self.g, self.n).repeat_interleave(group, dim=2)
         dt = F.softplus(dt + self.dt_bias)  # [B,T,nh]
-        y = recurrence(c, b, dt[..., None] * x, -torch.exp(self.A_log) * dt, None, 1.0)
+        y = chunked_recurrence(c, b, dt[..., None] * x, -torch.exp(self.A_log) * dt, None, 1.0)
         y = y + self.D[:, None] * x
         return self.out_proj(self.norm(y.reshape(B, T, self.d_in) * F.silu(z)))
 
