@@ -130,6 +130,7 @@ def main() -> None:
     from hybrid_jax.train.optim import learning_rate_schedule
 
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg = parity_config(args.config, steps=args.steps, batch=args.batch, seq_len=args.seq_len,
