@@ -72,11 +72,11 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
     data = make_train_iterator(config, process_index=jax.process_index(), process_count=jax.process_count())
     batch_sharding = mesh_lib.batch_sharding(mesh)
 
-    def run(n: int) -> list[dict]:
+    def run(n: int, fn=step) -> list[dict]:
         nonlocal state
         out = []
         for _ in range(n):
-            state, metrics = step(state, jax.make_array_from_process_local_data(batch_sharding, next(data)))
+            state, metrics = fn(state, jax.make_array_from_process_local_data(batch_sharding, next(data)))
             out.append(metrics)
         return jax.device_get(out)
 
@@ -90,12 +90,15 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
     if profile:
         from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
 
-        # the step's optimized HLO (the compiled step is cached: no second compilation) names each op's JAX scope
+        # The traced steps run a second compile of the step without CUDA command buffers: inside a command buffer
+        # every kernel's trace event names the buffer, not its HLO op. That HLO (saved) names each op's JAX scope.
         batch = jax.make_array_from_process_local_data(batch_sharding, next(data))
+        traced = step.lower(state, batch).compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
         Path(profile).mkdir(parents=True, exist_ok=True)
-        (Path(profile) / HLO_FILE).write_text(step.lower(state, batch).compile().as_text())
+        (Path(profile) / HLO_FILE).write_text(traced.as_text())
+        run(1, traced)  # warm-up
         with jax.profiler.trace(profile, create_perfetto_trace=True):
-            run(profile_steps)
+            run(profile_steps, traced)
         trace = summarize(profile, hlo=Path(profile) / HLO_FILE)
         text = format_summary(trace)
         print(text, flush=True)
