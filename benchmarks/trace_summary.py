@@ -300,7 +300,7 @@ def scope_tree(paths: dict[tuple[str, ...], float], busy: float, min_share: floa
 
 def self_ms(events: list[dict]) -> list[float]:
     """Each event's own time in ms: its duration less that of the events nested in it on the same line (a CPU
-    ``while`` op encloses its body's ops), so time is counted once, at the innermost op."""
+    ``while`` op encloses its body's ops), so time is counted once, at the innermost op. Host traces only."""
     out = [float(e.get("dur", 0.0)) / 1e3 for e in events]
     lines: dict[tuple, list[int]] = collections.defaultdict(list)
     for i, e in enumerate(events):
@@ -350,7 +350,10 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None) -
     arg_keys: collections.Counter = collections.Counter()
     sample = []
     kept = [e for e in events if e.get("ph") == "X" and keep(e)]
-    for e, ms in zip(kept, self_ms(kept), strict=True):
+    # Host threads: a ``while`` op encloses its body's ops, so count own time. Device lines: kernel events do not
+    # nest, and on a GPU (CUDA graphs) events of one line can overlap, which own time would undercount.
+    times = self_ms(kept) if not device else [float(e.get("dur", 0.0)) / 1e3 for e in kept]
+    for e, ms in zip(kept, times, strict=True):
         name = e.get("name", "?")
         total[name] += ms
         count[name] += 1
