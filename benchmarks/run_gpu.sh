@@ -65,7 +65,7 @@ run_part() {
                mv "$OUT/fla_model.json" "$OUT/fla_train_gdn.json" ;;
     fla_train_kda) timeout 540 python3 .anchors/fla_training.py 32 kda 2>&1 | tee "$OUT/fla_train_kda.log"
                mv "$OUT/fla_model.json" "$OUT/fla_train_kda.json" ;;
-    small_ops) timeout 200 python3 -m benchmarks.small_ops --ce-chunks 16384,32768 2>&1 | tee "$OUT/small_ops.log" ;;
+    small_ops) timeout 200 python3 -m benchmarks.small_ops --ce-chunks 2048,8192 2>&1 | tee "$OUT/small_ops.log" ;;
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
                  | tee "$OUT/sublayers.log" ;;

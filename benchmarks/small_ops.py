@@ -18,7 +18,7 @@ time is lower than measured. The ops:
 * ``silu_mul``: ``silu(gate) * up`` on ``[B, T, F]``, the element-wise part of the SwiGLU MLP.
 * ``mlp``: the whole ``MLP`` block on ``[B, T, D]`` (two matmuls around ``silu_mul``).
 * ``short_conv``: GDN's depthwise causal conv (kernel ``conv_size``) + SiLU on its q/k/v channels ``[B, T, C]``.
-* ``cross_entropy``: ``hybrid_jax.train.loss.cross_entropy`` (vocabulary chunks of ``train.loss_chunk_size``) of
+* ``cross_entropy``: ``hybrid_jax.train.loss.cross_entropy`` (token chunks of ``train.loss_chunk_size``) of
   the features ``[B*T, D]`` against the tied embedding ``[V, D]`` as the trainer passes it (float32 master
   weights) and int32 labels (not differentiated); the loss is a scalar, so its cotangent is one random number.
 

@@ -85,7 +85,7 @@ def base_config() -> ConfigDict:
             b2=0.95,
             eps=1e-8,
             clip_norm=1.0,
-            loss_chunk_size=8192,  # vocabulary chunk of the tied-embedding cross-entropy
+            loss_chunk_size=4096,  # tokens per chunk of the tied-embedding cross-entropy (logits [chunk, vocab])
             zero1=False,
             max_skipped_in_a_row=10,
             workdir="",

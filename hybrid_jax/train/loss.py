@@ -1,20 +1,29 @@
-"""Next-token cross-entropy from the final hidden states and the tied embedding, in vocabulary chunks.
+"""Next-token cross-entropy from the final hidden states and the tied embedding, in chunks of tokens, with its
+gradient computed in the forward pass.
 
 The logits ``h @ E^T`` of a whole batch are ``[tokens, vocab]``: at the 300M recipe (32 x 2048 tokens,
-vocabulary 128,256) that is 31 GiB in float32, more than the rest of the step. Here the vocabulary is cut
-into chunks of ``chunk_size`` rows of ``E``; the forward pass keeps a running (online) log-sum-exp per token
-(the target logits come from a gather of the target rows of ``E``, not from the chunks), and a custom VJP
-recomputes each chunk's logits in the backward pass, so at most ``[tokens, chunk_size]`` logits exist at any
-time. The matmuls run in the dtype of ``h`` (the compute dtype) with float32 accumulation; the log-sum-exp and
-the softmax are float32.
+vocabulary 128,256) that is 31 GiB in float32, more than the rest of the step. Here the tokens are cut into
+chunks of ``chunk_size``; each chunk's float32 logits ``[chunk_size, vocab]`` exist only inside one step of a scan.
+
+Under differentiation (the custom VJP's forward rule) the same pass also builds the gradient, as FLA's fused
+linear cross-entropy does: with a chunk's full-vocabulary logits at hand its log-sum-exp is known, so
+``dlogits = (softmax - onehot) / N`` follows at once, and ``dh = dlogits E`` and ``dE += dlogits^T h`` are taken
+there; the backward rule only scales them by the incoming cotangent. Against recomputing the logits in the
+backward pass this saves one of the four ``[tokens, vocab, D]`` matmuls and one write of the float32 logits per
+step. Without differentiation (evaluation) only the log-sum-exp is computed.
+
+The matmuls run in the dtype of ``h`` (the compute dtype) with float32 accumulation; the log-sum-exp and the
+softmax are float32; ``dlogits`` is rounded to ``h``'s dtype for its two matmuls, with the ``- onehot`` applied
+before that rounding (subtracting it afterwards would cancel the rounded target probability against 1 and lose
+the gradient of confident tokens).
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
+
+F32 = jnp.float32
 
 
 def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chunk_size: int) -> jax.Array:
@@ -24,87 +33,68 @@ def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chu
       h: ``[..., D]`` hidden states (any float dtype; the matmuls run in it).
       embedding: ``[V, D]`` the tied embedding (cast to ``h.dtype`` for the matmuls).
       targets: ``[...]`` int token ids in ``[0, V)``.
-      chunk_size: vocabulary rows per chunk (the last chunk is padded and masked).
+      chunk_size: tokens per chunk (the last chunk is padded; padded tokens weigh 0).
     Returns:
       float32 scalar: the mean over all target tokens.
     """
     d = h.shape[-1]
-    v = embedding.shape[0]
-    n_chunks = -(-v // chunk_size)
-    e = embedding.astype(h.dtype)
-    e = jnp.pad(e, ((0, n_chunks * chunk_size - v), (0, 0))).reshape(n_chunks, chunk_size, d)
-    return _chunked_ce(h.reshape(-1, d), e, targets.reshape(-1).astype(jnp.int32), v)
+    h = h.reshape(-1, d)
+    targets = targets.reshape(-1).astype(jnp.int32)
+    n = h.shape[0]
+    n_chunks = -(-n // chunk_size)
+    pad = n_chunks * chunk_size - n
+    weight = jnp.pad(jnp.full((n,), 1.0 / n, F32), (0, pad)).reshape(n_chunks, chunk_size)
+    h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n_chunks, chunk_size, d)
+    targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, chunk_size)
+    return _chunked_ce(h, embedding.astype(h.dtype), targets, weight)
 
 
 def plain_cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array) -> jax.Array:
     """The same loss with full float32 logits (the reference the chunked form is tested against)."""
-    logits = jnp.einsum("...d,vd->...v", h, embedding.astype(h.dtype), preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...d,vd->...v", h, embedding.astype(h.dtype), preferred_element_type=F32)
     logp = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1))
 
 
-def _chunk_logits(h: jax.Array, e_chunk: jax.Array, index: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
-    """Float32 logits ``[N, C]`` of one vocabulary chunk, padded columns set to -inf; and their ids ``[C]``."""
-    ids = index * e_chunk.shape[0] + jnp.arange(e_chunk.shape[0])
-    logits = jnp.einsum("nd,cd->nc", h, e_chunk, preferred_element_type=jnp.float32)
-    return jnp.where(ids[None, :] < vocab, logits, -jnp.inf), ids
+def _logits(h: jax.Array, e: jax.Array) -> jax.Array:
+    """Float32 logits ``[C, V]`` of one chunk ``h [C, D]``."""
+    return jnp.einsum("cd,vd->cv", h, e, preferred_element_type=F32)
 
 
-def _forward(h: jax.Array, e: jax.Array, vocab: int) -> jax.Array:
-    """Per-token log-sum-exp ``[N]`` by a scan over the chunks of ``e [n, C, D]``: one max pass and one exp-sum pass
-    over each chunk's logits, merged into the running ``(max, sum of exp)``."""
-    n = h.shape[0]
-
-    def body(carry, xs):
-        m, s = carry
-        e_chunk, index = xs
-        logits, _ = _chunk_logits(h, e_chunk, index, vocab)
-        m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
-        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(logits - m_new[:, None]), axis=-1)
-        return (m_new, s), None
-
-    init = (jnp.full((n,), -jnp.inf, jnp.float32), jnp.zeros((n,), jnp.float32))
-    (m, s), _ = jax.lax.scan(body, init, (e, jnp.arange(e.shape[0])))
-    return m + jnp.log(s)
+def _loss(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array, lse: jax.Array) -> jax.Array:
+    """``sum(weight * (lse - target logit))``; the target logits by a gather of the target rows of ``e``, the
+    product in ``h``'s dtype with float32 accumulation like the chunk matmuls. ``h [n, C, D]``, the rest ``[n, C]``."""
+    target_logits = jnp.einsum("ncd,ncd->nc", h, e[targets], preferred_element_type=F32)
+    return jnp.sum(weight * (lse - target_logits))
 
 
-def _target_logits(h: jax.Array, e: jax.Array, targets: jax.Array) -> jax.Array:
-    """``[N]`` float32 logit of each token's target: its row of ``e [n, C, D]`` gathered, the product in ``h``'s
-    dtype with float32 accumulation like the chunk matmuls."""
-    return jnp.einsum("nd,nd->n", h, e.reshape(-1, h.shape[-1])[targets], preferred_element_type=jnp.float32)
+@jax.custom_vjp
+def _chunked_ce(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array) -> jax.Array:
+    """``h [n, C, D]``, ``e [V, D]``, ``targets [n, C]``, ``weight [n, C]`` (1/N, 0 on padding) -> the loss."""
+    lse = jax.lax.map(lambda h_c: jax.nn.logsumexp(_logits(h_c, e), axis=-1), h)
+    return _loss(h, e, targets, weight, lse)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _chunked_ce(h: jax.Array, e: jax.Array, targets: jax.Array, vocab: int) -> jax.Array:
-    return jnp.mean(_forward(h, e, vocab) - _target_logits(h, e, targets))
+def _chunked_ce_fwd(h, e, targets, weight):
+    """The loss and, per chunk, ``dlogits = weight (softmax - onehot)``, ``dh = dlogits E``, ``dE += dlogits^T h``."""
+    ids = jnp.arange(e.shape[0])
 
-
-def _chunked_ce_fwd(h, e, targets, vocab):
-    lse = _forward(h, e, vocab)
-    return jnp.mean(lse - _target_logits(h, e, targets)), (h, e, targets, lse)
-
-
-def _chunked_ce_bwd(vocab, res, g):
-    """Per chunk: ``dlogits = (softmax - onehot) g / N``; ``dh += dlogits E_c``; ``dE_c = dlogits^T h``.
-
-    The ``- onehot`` stays in the chunk's elementwise pass (fused, no extra memory traffic): subtracting
-    ``g / N E[targets]`` after the matmuls instead cancels the bf16-rounded target probability against 1 and loses
-    the gradient of confident tokens (relative error ~1 where the target probability is near 1).
-    """
-    h, e, targets, lse = res
-    scale = g / h.shape[0]
-
-    def body(dh, xs):
-        e_chunk, index = xs
-        logits, ids = _chunk_logits(h, e_chunk, index, vocab)
-        dlogits = (jnp.exp(logits - lse[:, None]) - (ids[None, :] == targets[:, None])) * scale
+    def body(de, xs):
+        h_c, t_c, w_c = xs
+        logits = _logits(h_c, e)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        dlogits = (jnp.exp(logits - lse[:, None]) - (ids[None, :] == t_c[:, None])) * w_c[:, None]
         dlogits = dlogits.astype(h.dtype)
-        dh = dh + jnp.einsum("nc,cd->nd", dlogits, e_chunk, preferred_element_type=jnp.float32)
-        de = jnp.einsum("nc,nd->cd", dlogits, h, preferred_element_type=jnp.float32)
-        return dh, de.astype(e.dtype)
+        dh = jnp.einsum("cv,vd->cd", dlogits, e, preferred_element_type=F32)
+        return de + jnp.einsum("cv,cd->vd", dlogits, h_c, preferred_element_type=F32), (lse, dh)
 
-    dh, de = jax.lax.scan(body, jnp.zeros(h.shape, jnp.float32), (e, jnp.arange(e.shape[0])))
-    return dh.astype(h.dtype), de, None
+    de, (lse, dh) = jax.lax.scan(body, jnp.zeros(e.shape, F32), (h, targets, weight))
+    return _loss(h, e, targets, weight, lse), (dh.astype(h.dtype), de.astype(e.dtype))
+
+
+def _chunked_ce_bwd(res, g):
+    dh, de = res
+    return (g * dh).astype(dh.dtype), (g * de).astype(de.dtype), None, None
 
 
 _chunked_ce.defvjp(_chunked_ce_fwd, _chunked_ce_bwd)
