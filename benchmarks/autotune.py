@@ -3,7 +3,8 @@
     python -m benchmarks.autotune [--shape gdn_anchor ...] [--budget-s 150]
 
 Coordinate descent from the current table entry, one kernel stage at a time (each candidate compiles one
-kernel): ``block_v`` on the two sequential state passes, then (num_warps, num_stages) of each kernel. A
+kernel): ``block_v`` on the two sequential state passes, then (num_warps, num_stages) of each kernel (with a split
+gradient pass also of its second launch, ``grad_wy``). A
 candidate that fails to compile (for example shared memory overflow on MI300X) is skipped. Stops early when
 the time budget is spent. With several shapes, a candidate's score is the sum over shapes.
 """
@@ -42,6 +43,9 @@ def main() -> None:
     print(f"{current_arch()} {args.shape}: start {best}", flush=True)
     fields = [("block_v", BLOCK_V, ("state", "state_bwd"))] + [
         (n, LAUNCHES, (n,)) for n in ("wy", "state", "output", "state_bwd", "grad")]
+    if any(s.delta and best.split_grad_from is not None and s.K * s.V >= best.split_grad_from for s in shapes):
+        # the split gradient pass's second launch (its WY part), timed in the "grad" stage
+        fields.append(("grad_wy", LAUNCHES, ("grad",)))
     for field, values, stages in fields:
         best_ms = measure(best, stages)
         print(f"{field}: {getattr(best, field)} {best_ms:.3f} ms", flush=True)
