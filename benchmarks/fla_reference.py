@@ -84,9 +84,20 @@ def time_case(call, inputs: list[torch.Tensor], do: torch.Tensor) -> dict[str, f
     }
 
 
+def shapes_in_order(only: list[str] | None) -> list:
+    """The recurrent shapes named in ``only``, in that order (FLA's autotuning can take minutes per shape, so the
+    order decides which shapes a time limit reaches); all of them when ``only`` is empty."""
+    by_name = {s.name: s for s in SHAPES}
+    unknown = [n for n in only or () if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown shapes {unknown}; known: {list(by_name)}")
+    return [by_name[n] for n in only] if only else list(SHAPES)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=None, help="recurrent shape names (benchmarks/shapes.py)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="recurrent shape names (benchmarks/shapes.py), timed in this order")
     ap.add_argument("--no-attention", action="store_true", help="skip the SDPA rows")
     ap.add_argument("--attention-only", action="store_true", help="only the SDPA rows")
     args = ap.parse_args()
@@ -100,7 +111,7 @@ def main() -> None:
     cases = (
         []
         if args.attention_only
-        else [(s.name, lambda s=s: recurrent_case(s)) for s in SHAPES if not args.only or s.name in args.only]
+        else [(s.name, lambda s=s: recurrent_case(s)) for s in shapes_in_order(args.only)]
     )
     if not args.no_attention:
         cases += [
