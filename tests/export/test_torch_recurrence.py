@@ -11,7 +11,7 @@ import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 
 from hybrid_jax.export.modeling_hybrid import chunked_recurrence, recurrence  # noqa: E402
-from kernels import reference  # noqa: E402
+from hybrid_jax.kernels import reference  # noqa: E402
 
 # (T, chunk): one token, T < chunk, ragged T, several chunks exactly
 LENGTHS = [(1, 16), (5, 16), (37, 16), (64, 16)]
