@@ -26,7 +26,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 from ml_collections import ConfigDict
 
+from benchmarks.timing import result_path
 from hybrid_jax.config import load_config_file
 from hybrid_jax.model import HybridLM, count_params
 from hybrid_jax.train import mesh as mesh_lib
@@ -270,7 +270,7 @@ def main() -> None:
         rows=rows,
     )
     print(table(rows), flush=True)
-    out = args.out or (os.path.join(os.environ["OUT"], "max_batch.json") if "OUT" in os.environ else "")
+    out = result_path(args.out, "max_batch.json")
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
-from benchmarks.timing import median_ms
+from benchmarks.timing import median_ms, result_path
 from hybrid_jax.config import load_config_file
 from hybrid_jax.flops import flops_per_token, mixer_flops_per_token, peak_flops
 from hybrid_jax.model import Sublayer, layer_plan, sublayer_kinds
@@ -235,7 +234,7 @@ def main() -> None:
         print(f"{config.model.name} on {device.device_kind}", flush=True)
         result["configs"].append(benchmark(config, batch=batch, seq_len=seq_len, repeats=args.repeats))
         print_table(result["configs"][-1], peak)
-    out = args.out or (os.path.join(os.environ["OUT"], "sublayers.json") if "OUT" in os.environ else "")
+    out = result_path(args.out, "sublayers.json")
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
         print(f"\nwrote {out}")

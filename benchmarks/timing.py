@@ -1,7 +1,8 @@
-"""Wall-clock timing of jitted JAX calls, shared by the benchmarks."""
+"""Wall-clock timing of jitted JAX calls and the result file's path, shared by the benchmarks."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -20,3 +21,9 @@ def median_ms(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 2)
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
+
+
+def result_path(explicit: str, name: str) -> str:
+    """Where a benchmark writes its JSON: ``explicit`` (an ``--out`` flag) if given, else ``$OUT/name`` when ``OUT``
+    is set, else ``""`` (print only)."""
+    return explicit or (os.path.join(os.environ["OUT"], name) if os.environ.get("OUT") else "")

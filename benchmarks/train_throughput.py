@@ -13,7 +13,6 @@ and the number of skipped steps. Timed steps exclude the ``--warmup`` steps (com
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from benchmarks.timing import result_path
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.flops import flops_per_token, peak_flops
 from hybrid_jax.model import HybridLM, count_params
@@ -150,7 +150,7 @@ def main(argv: list[str]) -> None:
                        profile_steps=_PROFILE_STEPS.value)
     text = json.dumps(result, indent=1)
     print(text, flush=True)
-    out = _OUT.value or (os.path.join(os.environ["OUT"], "train_throughput.json") if "OUT" in os.environ else "")
+    out = result_path(_OUT.value, "train_throughput.json")
     if out and jax.process_index() == 0:
         Path(out).write_text(text)
 
