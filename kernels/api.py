@@ -51,7 +51,7 @@ def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_stat
     else:
         o, final = reference.chunked_recurrence(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
-            chunk_size=chunk_size or 64,
+            chunk_size=64 if chunk_size is None else chunk_size,
         )
     return o, (final if output_final_state else None)
 

@@ -329,7 +329,8 @@ class KimiDeltaAttention(nn.Module):
         k = l2_normalize(k.view(B, T, self.hk, self.dk)).repeat_interleave(group, dim=2)
         g = decay_gate(self.A_log[:, None], self.f_b_proj(f_a).view(B, T, self.hv, self.dk),
                        self.dt_bias.view(self.hv, self.dk))
-        o = chunked_recurrence(q, k, v.view(B, T, self.hv, self.dv), g, torch.sigmoid(b), self.dk**-0.5)
+        # chunk 16: the per-key decay tensor [.., C, C, K] holds T * C * K numbers per head
+        o = chunked_recurrence(q, k, v.view(B, T, self.hv, self.dv), g, torch.sigmoid(b), self.dk**-0.5, chunk_size=16)
         gate = torch.sigmoid(self.g_b_proj(g_a)).view(B, T, self.hv, self.dv)
         return self.out_proj(self.out_norm(o, gate).reshape(B, T, vd))
 
