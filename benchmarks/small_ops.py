@@ -26,7 +26,7 @@ Rooflines on the H200 (4.8 TB/s HBM, 989 TFLOP/s dense bf16). Memory: ``min byte
 plus every result written once (forward: inputs, parameters, output; forward+backward: also the cotangent and the
 gradients), so ``% HBM = min bytes / time / 4.8 TB/s``; no kernel, Pallas included, moves fewer bytes. Matmul
 (``mlp``, ``cross_entropy``): model FLOPs ``6 N D F`` (MLP) and ``2 N V D`` (CE) forward, 3x for forward+backward
-(the chunked CE also recomputes its logits in the backward, which is not counted), against the bf16 peak.
+(the CE takes its three matmuls in one pass when differentiated), against the bf16 peak.
 The verdict uses the op's own bound (HBM, or the matmul peak where it has matmuls): at >= 70% of it, forward
 and forward+backward, XLA leaves no room for a hand-written kernel; well below it the op is a fusion candidate.
 The ``silu_mul`` share of the ``mlp`` time is printed too. Prints a table and writes ``$OUT/small_ops.json``
