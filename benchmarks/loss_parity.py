@@ -1,7 +1,7 @@
 """Loss parity with FLA (or our PyTorch export) over a short training run: same weights, batches and optimizer.
 
     python3 -m benchmarks.loss_parity [--reference fla|hf] [--config configs/zebra_300m_gdn.py] [--steps 200] \
-        [--batch 8] [--seq-len 2048] [--tol 0.01]
+        [--batch 8] [--seq-len 2048] [--tol 0.01] [--data TOKENS_DIR] [--lift-fla-guard]
 
 Needs a GPU with ``flash-linear-attention`` and PyTorch; both frameworks share the GPU, so run it with
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (JAX otherwise takes 75% of the memory up front). FLA's model of the
@@ -13,8 +13,15 @@ config's dtype; the reference: autocast). Ours is the real trainer (``hybrid_jax
 from ``metrics.jsonl``); the reference's is :func:`hybrid_jax.export.torch_parity.train_torch`, our optimizer in
 PyTorch.
 
-FLA 0.6 refuses its gated backward on Hopper GPUs under Triton < 3.7.1 (a correctness guard); there the script
-stops with FLA's message (no parity run is possible without a newer Triton or tilelang).
+FLA 0.6 refuses its gated backward on Hopper GPUs under Triton < 3.7.1 (a guard against a miscompile, FLA #640);
+there the script stops with FLA's message, unless ``--lift-fla-guard``: then FLA's chunk kernel of the model's
+mixer, at the model's head shapes and sequence length, is first checked with the guard lifted against our float32
+PyTorch chunked recurrence (output and every input's gradient, :func:`check_fla_kernel`), and the guard is lifted
+for the run only when that check passes (the check's errors are in the JSON).
+
+``--data DIR``: token shards from ``python -m hybrid_jax.prepare`` (e.g. FineWeb with the config's tokenizer) instead
+of the mock batches, so the curves are real learning curves (the mock batches are uniform random tokens: the loss
+only falls towards log(vocab)).
 
 ``--reference hf`` trains our own init exported to HF format (``modeling_hybrid.py``: pure PyTorch, no Triton) with
 the same loop instead: an independent implementation of the same model, which runs where FLA's guard refuses.
@@ -38,13 +45,73 @@ import numpy as np
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def parity_config(path: str, *, steps: int, batch: int, seq_len: int, workdir: str):
+GUARD_TOL = dict(out=1e-2, grad=5e-2)  # relative RMS, bf16 kernel vs float32; a miscompile is off by O(1)
+
+
+def parity_config(path: str, *, steps: int, batch: int, seq_len: int, workdir: str, data: str | None = None):
     from hybrid_jax.config import load_config_file
 
     cfg = load_config_file(path)
     cfg.train.update(dict(steps=steps, global_batch_size=batch, micro_batch_size=batch, seq_len=seq_len,
                           warmup_steps=max(1, steps // 10), log_every=1, save_every=steps, workdir=workdir))
+    if data:
+        cfg.data.update(dict(source="tokens", path=data))
     return cfg
+
+
+def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
+    """FLA's chunk kernel of ``cfg``'s mixer (``chunk_gated_delta_rule`` or ``chunk_kda``, q/k L2-normed in the
+    kernel as FLA's layers call it) with its Hopper guard lifted, against
+    :func:`hybrid_jax.export.modeling_hybrid.chunked_recurrence` in float32 (tested against the token loop and our
+    JAX kernels) on the same bf16 inputs at the model's head shapes and ``train.seq_len``: the relative RMS error of
+    the output and of every input's gradient, and ``ok`` when they are within :data:`GUARD_TOL`. Leaves the guard
+    lifted."""
+    import fla.ops.common.chunk_o as chunk_o
+    import torch
+    import torch.nn.functional as F
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+
+    from hybrid_jax.export.fla import fla_kind
+    from hybrid_jax.export.modeling_hybrid import chunked_recurrence
+
+    kind = fla_kind(cfg.model)
+    c = cfg.model[kind]
+    H, HV, K, V, T = c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim, cfg.train.seq_len
+    dev, bf16 = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    inputs = [
+        torch.randn(batch, T, H, K, device=dev, dtype=bf16),
+        torch.randn(batch, T, H, K, device=dev, dtype=bf16),
+        torch.randn(batch, T, HV, V, device=dev, dtype=bf16),
+        F.logsigmoid(torch.randn(batch, T, HV, *((K,) if kind == "kda" else ()), device=dev)) / 16,
+        torch.rand(batch, T, HV, device=dev).sigmoid().to(bf16),
+    ]
+    inputs = [x.requires_grad_() for x in inputs]
+    do = torch.randn(batch, T, HV, V, device=dev, dtype=bf16)
+
+    def heads(x: torch.Tensor) -> torch.Tensor:  # value head i reads q/k head i // (HV // H), as FLA's layers do
+        return x.repeat_interleave(HV // H, dim=2)
+
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    kernel = chunk_kda if kind == "kda" else chunk_gated_delta_rule
+    q, k, v, g, beta = inputs
+    out = kernel(heads(q), heads(k), v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+    grads = torch.autograd.grad(out, inputs, do)
+    ref_inputs = [x.detach().float().requires_grad_() for x in inputs]
+    q, k, v, g, beta = ref_inputs
+    ref = chunked_recurrence(F.normalize(heads(q), dim=-1), F.normalize(heads(k), dim=-1), v, g, beta, K**-0.5)
+    ref_grads = torch.autograd.grad(ref, ref_inputs, do.float())
+
+    def rel_rms(x: torch.Tensor, r: torch.Tensor) -> float:
+        return float((x.detach().float() - r).pow(2).mean().sqrt() / r.detach().pow(2).mean().sqrt())
+
+    errors = dict(out=rel_rms(out, ref), **{f"d{n}": rel_rms(a, b) for n, a, b in zip(
+        ("q", "k", "v", "g", "beta"), grads, ref_grads, strict=True)})
+    ok = errors["out"] <= GUARD_TOL["out"] and all(e <= GUARD_TOL["grad"] for n, e in errors.items() if n != "out")
+    return dict(kernel=kernel.__name__, shape=dict(B=batch, T=T, H=H, HV=HV, K=K, V=V), errors=errors,
+                tol=GUARD_TOL, ok=ok, triton=__import__("triton").__version__,
+                device=torch.cuda.get_device_name())
 
 
 def fla_model(cfg, tmp: Path):
@@ -117,6 +184,9 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=0.01)
     ap.add_argument("--reference", choices=("fla", "hf"), default="fla",
                     help="fla: FLA's model and init; hf: our exported pure-PyTorch model (no Triton), our init")
+    ap.add_argument("--data", default=None, help="token shards (python -m hybrid_jax.prepare) instead of mock batches")
+    ap.add_argument("--lift-fla-guard", action="store_true",
+                    help="fla: lift FLA's Hopper guard on its gated backward if its kernel passes check_fla_kernel")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") != "false":
@@ -134,7 +204,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg = parity_config(args.config, steps=args.steps, batch=args.batch, seq_len=args.seq_len,
-                            workdir=str(tmp / "run"))
+                            workdir=str(tmp / "run"), data=args.data)
+        guard = None
+        if args.reference == "fla" and args.lift_fla_guard:
+            guard = check_fla_kernel(cfg)
+            print(f"FLA kernel check with the guard lifted: {json.dumps(guard)}", flush=True)
+            if not guard["ok"]:
+                (out / "loss_parity_fla.json").write_text(json.dumps(dict(ok=False, guard_check=guard), indent=1))
+                raise SystemExit("FLA's kernel fails the check with its guard lifted: no parity run")
         if args.reference == "fla":
             model = fla_model(cfg, tmp)
             cfg = import_fla(tmp / "fla_init", tmp / "run", cfg)  # ours starts from FLA's weights
@@ -160,7 +237,7 @@ def main() -> None:
         ours_s = time.perf_counter() - t0
     diff = np.abs(np.asarray(ours) - np.asarray(theirs)) / np.asarray(theirs)
     result = dict(config=cfg.model.name, reference=args.reference, steps=args.steps, batch=args.batch,
-                  seq_len=args.seq_len,
+                  seq_len=args.seq_len, data=args.data or "mock", guard_check=guard,
                   device=jax.devices()[0].device_kind, tol=args.tol, max_rel_diff=float(diff.max()),
                   max_rel_diff_step=int(diff.argmax()) + 1, mean_rel_diff=float(diff.mean()),
                   ok=bool(diff.max() <= args.tol), first=(ours[0], theirs[0]), last=(ours[-1], theirs[-1]),

@@ -3,8 +3,8 @@
 # Expects: ./.whl (grain, ml-collections, array-record, tensorboardX, FLA wheels) and ./.anchors (the reference's
 # anchor scripts) carried next to the tree; writes JSON and logs under $OUT.
 #   usage: benchmarks/run_gpu.sh PART... [// PART... ...]
-# Groups separated by '//' run at the same time, group i on GPU i (CUDA_VISIBLE_DEVICES=i); the parts of a group
-# run one after the other on its GPU. Parts (each has its own time limit):
+# Groups separated by '//' run at the same time, group i on GPU i modulo the GPU count (CUDA_VISIBLE_DEVICES); the
+# parts of a group run one after the other on its GPU. Parts (each has its own time limit):
 #   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
 #   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda)
 #   kda kda_autotune         our KDA kernels (tuned chunk, and chunk 32) beside our GDN; a launch sweep at KDA shapes
@@ -16,6 +16,9 @@
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
+#                            (env PARITY_REFERENCE fla|hf, PARITY_BATCH; PARITY_DATA: token shards from
+#                            'python -m hybrid_jax.prepare', carried, instead of mock batches; with fla, FLA's Hopper
+#                            guard is lifted only if its kernel passes loss_parity's check)
 #   scaling                  300M GDN on one GPU, then data parallel on all GPUs with and without ZeRO-1
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -69,11 +72,12 @@ run_part() {
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
                  | tee "$OUT/sublayers.log" ;;
-    max_batch) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python3 -m benchmarks.max_batch \
+    max_batch) XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 520 python3 -m benchmarks.max_batch \
                  --config configs/zebra_300m_gdn.py,configs/zebra_1b_gdn.py --remat none,full --jobs 4 \
                  --extra-compiles 1 2>&1 | tee "$OUT/max_batch.log" ;;
     loss_parity) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 330 python3 -m benchmarks.loss_parity \
-                 --reference "${PARITY_REFERENCE:-fla}" --batch "${PARITY_BATCH:-8}" 2>&1 | tee "$OUT/loss_parity.log" ;;
+                 --reference "${PARITY_REFERENCE:-fla}" --batch "${PARITY_BATCH:-8}" --lift-fla-guard \
+                 ${PARITY_DATA:+--data "$PARITY_DATA"} 2>&1 | tee "$OUT/loss_parity.log" ;;
     steps300)  timeout 300 python3 -m hybrid_jax.train --config configs/zebra_300m_gdn.py \
                  --config.train.global_batch_size=32 --config.train.steps=300 --config.train.log_every=25 \
                  --config.train.save_every=300 --config.train.workdir=/tmp/run300 2>&1 | tee "$OUT/steps300.log"
@@ -102,9 +106,10 @@ groups+=("$current")
 if [ ${#groups[@]} -eq 1 ]; then
   run_group ${groups[0]}
 else
+  ngpu=$(nvidia-smi -L | wc -l)
   for i in "${!groups[@]}"; do
     # shellcheck disable=SC2086
-    (export CUDA_VISIBLE_DEVICES=$i; run_group ${groups[$i]} > "$OUT/gpu$i.log" 2>&1) &
+    (export CUDA_VISIBLE_DEVICES=$((i % ngpu)); run_group ${groups[$i]} > "$OUT/gpu$i.log" 2>&1) &
   done
   wait
 fi
