@@ -104,7 +104,7 @@ def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
     ref_grads = torch.autograd.grad(ref, ref_inputs, do.float())
 
     def rel_rms(x: torch.Tensor, r: torch.Tensor) -> float:
-        return float((x.detach().float() - r).pow(2).mean().sqrt() / r.detach().pow(2).mean().sqrt())
+        return float((x.detach().float() - r.detach()).pow(2).mean().sqrt() / r.detach().pow(2).mean().sqrt())
 
     errors = dict(out=rel_rms(out, ref), **{f"d{n}": rel_rms(a, b) for n, a, b in zip(
         ("q", "k", "v", "g", "beta"), grads, ref_grads, strict=True)})
