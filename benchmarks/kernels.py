@@ -173,11 +173,15 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     )
 
 
-def parse_variant(text: str) -> tuple[str, object]:
-    """``FIELD=VALUE`` of ``RecurrentConfig`` (VALUE: true/false/none or an integer) -> ``(field, value)``."""
-    field, _, value = text.partition("=")
+def parse_variant(text: str) -> dict[str, object]:
+    """``FIELD=VALUE[,FIELD=VALUE...]`` of ``RecurrentConfig`` (VALUE: true/false/none or an integer) ->
+    ``{field: value}``."""
     words = {"true": True, "false": False, "none": None}
-    return field, words[value.lower()] if value.lower() in words else int(value)
+    fields = {}
+    for item in text.split(","):
+        field, _, value = item.partition("=")
+        fields[field] = words[value.lower()] if value.lower() in words else int(value)
+    return fields
 
 
 def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, repeats: int) -> dict:
@@ -219,7 +223,7 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
             **time_and_check(*make_fns(s, "pallas", other, interpret), x, do, o_ref, g_ref, repeats),
         )
     for variant in variants:  # the table's config with one field changed
-        v_cfg = dataclasses.replace(cfg, **dict([parse_variant(variant)]))
+        v_cfg = dataclasses.replace(cfg, **parse_variant(variant))
         res.setdefault("variants", {})[variant] = time_and_check(
             *make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
     args = stage_args(s, cfg, interpret=interpret)
@@ -246,7 +250,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--xla-timing", action="store_true", help="also time the XLA form")
     ap.add_argument("--variant", action="append", default=[],
-                    help="also time the config with FIELD=VALUE (a RecurrentConfig field, e.g. chunk=32; repeatable)")
+                    help="also time the config with FIELD=VALUE[,FIELD=VALUE] (RecurrentConfig fields, e.g. "
+                         "chunk=32 or chunk=64,split_grad_from=none; repeatable)")
     ap.add_argument("--other-grad", action="store_true",
                     help="also time the other gradient-pass variant (fused or split, see tuning.split_grad_from)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")

@@ -7,7 +7,8 @@
 # parts of a group run one after the other on its GPU. Parts (each has its own time limit):
 #   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
 #   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda)
-#   kda kda_autotune         our KDA kernels (tuned chunk, and chunk 32) beside our GDN; a launch sweep at KDA shapes
+#   kda kda_autotune         our KDA kernels (the table's chunk, chunks 32/64, fused or split gradient pass) beside our
+#                            GDN; a launch sweep at KDA shapes (env KDA_START, e.g. chunk=64: from that entry)
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
@@ -50,10 +51,12 @@ run_part() {
                  mamba2_300m kda_anchor kda_300m kda_1b 2>&1 | tee "$OUT/fla_reference_rest.log" ;;
     fla_ref_kda) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only kda_300m kda_1b kda_anchor \
                  2>&1 | tee "$OUT/fla_reference_kda.log" ;;
-    kda)       timeout 240 python3 -m benchmarks.kernels --only gdn_anchor kda_anchor kda_300m kda_1b \
-                 --variant chunk=32 2>&1 | tee "$OUT/kda_kernels.log" ;;
+    kda)       timeout 300 python3 -m benchmarks.kernels --only gdn_anchor kda_anchor kda_300m kda_1b \
+                 --variant chunk=32 --variant chunk=64 --variant chunk=32,split_grad_from=none \
+                 --variant chunk=64,split_grad_from=none --variant split_grad_from=none 2>&1 \
+                 | tee "$OUT/kda_kernels.log" ;;
     kda_autotune) timeout 240 python3 -m benchmarks.autotune --shape kda_300m kda_1b kda_anchor --budget-s 200 \
-                 --repeats 5 2>&1 | tee "$OUT/kda_autotune.log" ;;
+                 --repeats 5 --start "${KDA_START:-}" 2>&1 | tee "$OUT/kda_autotune.log" ;;
     attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
     sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;
     anchors)   timeout 240 python3 .anchors/fla_kernels.py 2>&1 | tee "$OUT/fla_kernels.log"

@@ -24,14 +24,17 @@ the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the rev
 sum of q/k gradients over grouped value heads.
 
 Per-key gate (KDA, ``g [B,T,HV,K]``): ``gamma`` is a ``[C, K]`` tile and ``exp(gamma_i - gamma_j)`` sits inside
-the K-contraction of ``A`` and ``P`` (and of their gradients). It is factored hierarchically
-(:func:`_level_factors`): each pair ``j < i`` belongs to the one level at which ``i`` and ``j`` fall in different
-halves of a ``2^(l+1)``-row block, and there the reference is ``r = gamma`` at the first row of ``i``'s half, so
-both factors ``exp(gamma_i - r)`` and ``exp(r - gamma_j)`` are <= 1 (no overflow at any gate; tiny values
-underflow harmlessly) and no gate after row ``i`` is read. That is ``log2(C)`` matmuls per decayed product and no
-token loop (the diagonal needs no decay). FLA factors only its off-diagonal 16-row sub-blocks this way and
-computes the diagonal blocks token by token (or with a midpoint anchor that can read a later gate). The output
-kernel also stores ``P`` (input dtype, like ``T``) for the reverse state pass.
+the K-contraction of ``A`` and ``P`` (and of their gradients). The chunk is split into blocks of ``SUB = 16`` rows.
+A pair in two different blocks is decayed around ``r`` = ``gamma`` at the first row of the later block (both factors
+``exp(gamma_i - r)`` and ``exp(r - gamma_j)`` are <= 1), one ``[16, K] x [K, 16]`` matmul per block pair
+(:func:`_cross_factors`). Inside a diagonal block the factorisation is hierarchical (:func:`_level_factors`): each
+pair ``j < i`` belongs to the one level at which ``i`` and ``j`` fall in different halves of a ``2^(l+1)``-row block,
+and there the reference is ``gamma`` at the first row of ``i``'s half. No factor exceeds 1 at any gate (tiny values
+underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. FLA computes its diagonal blocks
+token by token (or with a midpoint anchor that can read a later gate). The kernels work on lists of row blocks
+(loaded and stored by ``pl.ds`` slices of the chunk's tiles: Triton has no concatenation); ``T`` becomes block
+lower-triangular by forward substitution over the blocks (:func:`_block_unit_lower_inverse`). The output kernel also
+stores ``P`` (input dtype, like ``T``) for the reverse state pass. With a scalar gate a chunk is one block.
 
 Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32.
 The carried state, the gate sums, the gradients and the triangular inverse are computed in float32; the
@@ -45,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -174,8 +178,97 @@ def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, tran
     return y
 
 
-def _dot_split(a: jax.Array, b: jax.Array) -> jax.Array:
-    """A float32 matmul from three bf16 matmuls: ``a_hi b_hi + a_hi b_lo + a_lo b_hi``."""
+# Row blocks. With a per-key gate a chunk is split into blocks of SUB rows: a pair of rows in two different blocks
+# (j's block before i's) is decayed around r = gamma at the first row of i's block, in ONE matmul per block pair
+# (:func:`_cross_factors`), and only the diagonal blocks use the log2(SUB) levels. Lists of blocks (and lower
+# block-triangular lists of lists ``m[i][j], j <= i``) are what the helpers below pass around; with a scalar gate
+# the whole chunk is one block.
+
+SUB = 16
+
+
+def _rows_per_block(ref, per_key: bool) -> int:
+    return SUB if per_key else ref.shape[0]
+
+
+def _blocks(ref, per_key: bool) -> list[jax.Array]:
+    """The row blocks of a chunk tile ``ref [C, ...]``."""
+    S = _rows_per_block(ref, per_key)
+    rest = (slice(None),) * (len(ref.shape) - 1)
+    return [ref[(pl.ds(i * S, S),) + rest] for i in range(ref.shape[0] // S)]
+
+
+def _store_blocks(ref, blocks: list[jax.Array]) -> None:
+    S = blocks[0].shape[0]
+    rest = (slice(None),) * (len(ref.shape) - 1)
+    for i, x in enumerate(blocks):
+        ref[(pl.ds(i * S, S),) + rest] = x.astype(ref.dtype)
+
+
+def _load_lower(ref, per_key: bool) -> list[list[jax.Array]]:
+    """The lower blocks ``m[i][j]`` (``j <= i``) of a ``[C, C]`` tile."""
+    S = _rows_per_block(ref, per_key)
+    n = ref.shape[0] // S
+    return [[ref[pl.ds(i * S, S), pl.ds(j * S, S)] for j in range(i + 1)] for i in range(n)]
+
+
+def _store_lower(ref, m: list[list[jax.Array]]) -> None:
+    """A lower block-triangular ``[C, C]`` tile (zeros above the diagonal blocks)."""
+    S = m[0][0].shape[0]
+    for i in range(len(m)):
+        for j in range(len(m)):
+            x = m[i][j] if j <= i else jnp.zeros((S, S), ref.dtype)
+            ref[pl.ds(i * S, S), pl.ds(j * S, S)] = x.astype(ref.dtype)
+
+
+def _first(x: jax.Array) -> jax.Array:
+    """The first row of a ``[S, K]`` gate block, as ``[1, K]`` (a masked sum, as in :func:`_last`)."""
+    idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
+    return jnp.sum(jnp.where(idx == 0, x, 0.0), axis=0)[None, :]
+
+
+def _cross_factors(gam_i: jax.Array, gam_j: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(exp(gamma_i - r), exp(r - gamma_j))`` for the rows of block ``i`` and of an earlier block ``j``, around
+    ``r`` = gamma at block ``i``'s first row: both <= 1 (``gamma`` is non-increasing), and their product is
+    ``exp(gamma_i - gamma_j)``; no gate after row ``i`` is read."""
+    r = _first(gam_i)
+    return jnp.exp(gam_i - r), jnp.exp(r - gam_j)
+
+
+def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool = False) -> list[list[jax.Array]]:
+    """:func:`_gram` over row blocks: ``G[i][j]`` (float32) for ``j <= i``."""
+    g = []
+    for i in range(len(a)):
+        cd = F32 if f32_operands else a[i].dtype
+        row = []
+        for j in range(i):
+            row_f, col_f = _cross_factors(gam[i], gam[j])
+            row.append(_dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T))
+        g.append(row + [_gram(a[i], b[i], gam[i], strict, f32_operands)])
+    return g
+
+
+def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bool) -> list[jax.Array]:
+    """:func:`_decay_matmul` over row blocks (per-key gate): ``m`` lower block-triangular, ``b``/``gam`` blocks."""
+    n = len(b)
+    cd = b[0].dtype
+    y = [_decay_matmul(m[i][i], b[i], gam[i], strict, transpose) for i in range(n)]
+    for i in range(n):
+        for j in range(i):
+            row_f, col_f = _cross_factors(gam[i], gam[j])
+            if transpose:
+                y[j] = y[j] + col_f * _dot(m[i][j].T.astype(cd), (b[i].astype(F32) * row_f).astype(cd))
+            else:
+                y[i] = y[i] + row_f * _dot(m[i][j].astype(cd), (b[j].astype(F32) * col_f).astype(cd))
+    return y
+
+
+def _dot_f32(a: jax.Array, b: jax.Array, split: bool) -> jax.Array:
+    """A float32 matmul: three bf16 tensor-core matmuls (``a_hi b_hi + a_hi b_lo + a_lo b_hi``, about 16 mantissa
+    bits) when ``split``, else IEEE float32 dots, which Triton runs on CUDA cores (with those the GDN forward took
+    10 ms on the H200 at B8 T2048 H16 K=V=128, against 0.4 ms for GLA)."""
+    if not split:
+        return _dot(a, b, lax.Precision.HIGHEST)
     a_hi, b_hi = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
     a_lo = (a - a_hi.astype(F32)).astype(jnp.bfloat16)
     b_lo = (b - b_hi.astype(F32)).astype(jnp.bfloat16)
@@ -188,9 +281,7 @@ def _unit_lower_inverse(a: jax.Array, split: bool) -> jax.Array:
     Block doubling: with ``X`` the inverse of the diagonal ``b x b`` blocks and ``L`` the lower-left
     ``b x b`` blocks of each ``2b x 2b`` diagonal block, the inverse of the ``2b`` blocks is
     ``X - X L X``. Every intermediate is a block of the true inverse (no powers of ``a`` that could
-    overflow), and it needs only ``2 log2(C) - 2`` matmuls. ``split``: each float32 matmul as three bf16
-    tensor-core matmuls (about 16 mantissa bits), else IEEE float32 dots, which Triton runs on CUDA cores:
-    with those the GDN forward took 10 ms on the H200 at B8 T2048 H16 K=V=128, against 0.4 ms for GLA.
+    overflow), and it needs only ``2 log2(C) - 2`` matmuls (:func:`_dot_f32`).
     """
     C = a.shape[0]
     i, j = _iota(C)
@@ -198,11 +289,39 @@ def _unit_lower_inverse(a: jax.Array, split: bool) -> jax.Array:
     level = 1
     while (1 << level) < C:
         off = ((i >> (level + 1)) == (j >> (level + 1))) & ((i >> level) != (j >> level))
-        lower = jnp.where(off, a, 0.0)
-        x = x - (_dot_split(_dot_split(x, lower), x) if split else
-                 _dot(_dot(x, lower, lax.Precision.HIGHEST), x, lax.Precision.HIGHEST))
+        x = x - _dot_f32(_dot_f32(x, jnp.where(off, a, 0.0), split), x, split)
         level += 1
     return x
+
+
+def _block_unit_lower_inverse(a: list, split: bool) -> list[list[jax.Array]]:
+    """``(I + A)^-1`` of a strictly lower block-triangular ``A`` (``a[i][j]``, float32): the diagonal blocks by
+    :func:`_unit_lower_inverse`, then block forward substitution ``T_ij = -T_ii sum_{j<=l<i} A_il T_lj``."""
+    t = []
+    for i in range(len(a)):
+        t_ii = _unit_lower_inverse(a[i][i], split)
+        row = []
+        for j in range(i):
+            acc = _dot_f32(a[i][j], t[j][j], split)
+            for m in range(j + 1, i):
+                acc = acc + _dot_f32(a[i][m], t[m][j], split)
+            row.append(-_dot_f32(t_ii, acc, split))
+        t.append(row + [t_ii])
+    return t
+
+
+def _sum(xs: list[jax.Array]) -> jax.Array:
+    return functools.reduce(operator.add, xs)
+
+
+def _lower_matmul(m: list, x: list) -> list[jax.Array]:
+    """``(M X)_i = sum_{j<=i} m[i][j] x[j]`` for a lower block-triangular ``M`` (float32 accumulation)."""
+    return [_sum([_dot(m[i][j], x[j]) for j in range(i + 1)]) for i in range(len(m))]
+
+
+def _lower_matmul_t(m: list, x: list) -> list[jax.Array]:
+    """``(M^T X)_j = sum_{i>=j} m[i][j]^T x[i]`` for a lower block-triangular ``M`` (float32 accumulation)."""
+    return [_sum([_dot(m[i][j].T, x[i]) for i in range(j, len(m))]) for j in range(len(m))]
 
 
 # ----------------------------------------------------------------------------------------------------- kernels
@@ -210,15 +329,17 @@ def _unit_lower_inverse(a: jax.Array, split: bool) -> jax.Array:
 
 def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
-    k = k_ref[...]
-    cd = k.dtype
-    gam = gam_ref[...]
-    b = beta_ref[...].astype(F32)
-    a = _gram(k, k, gam, strict=True, f32_operands=f32_decay) * b[:, None]
-    tc = _unit_lower_inverse(a, split).astype(cd)  # computed in float32, used (and stored) in the input dtype
-    t_ref[...] = tc
-    u_ref[...] = _dot(tc, (v_ref[...].astype(F32) * b[:, None]).astype(cd)).astype(u_ref.dtype)
-    w_ref[...] = _dot(tc, (k.astype(F32) * b[:, None] * _col(jnp.exp(gam))).astype(cd)).astype(w_ref.dtype)
+    per_key = len(gam_ref.shape) == 2
+    k, v, gam, b = (_blocks(r, per_key) for r in (k_ref, v_ref, gam_ref, beta_ref))
+    cd = k[0].dtype
+    b = [x.astype(F32)[:, None] for x in b]
+    a = [[x * b[i] for x in row] for i, row in enumerate(_block_gram(k, k, gam, strict=True, f32_operands=f32_decay))]
+    # computed in float32, used (and stored) in the input dtype
+    tc = [[x.astype(cd) for x in row] for row in _block_unit_lower_inverse(a, split)]
+    _store_lower(t_ref, tc)
+    _store_blocks(u_ref, _lower_matmul(tc, [(x.astype(F32) * bx).astype(cd) for x, bx in zip(v, b, strict=True)]))
+    _store_blocks(w_ref, _lower_matmul(tc, [(x.astype(F32) * bx * _col(jnp.exp(g))).astype(cd)
+                                            for x, bx, g in zip(k, b, gam, strict=True)]))
 
 
 def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
@@ -248,17 +369,16 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
 def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: float, f32_decay: bool):
     """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with a
     per-key gate ``P`` is also stored (``p_ref``) for the reverse state pass."""
-    q = q_ref[...]
-    cd = q.dtype
-    gam = gam_ref[...]
-    p = _gram(q, k_ref[...], gam, strict=False, f32_operands=f32_decay) * scale
+    per_key = len(gam_ref.shape) == 2
+    q, k, vn, gam = (_blocks(r, per_key) for r in (q_ref, k_ref, vn_ref, gam_ref))
+    cd = q[0].dtype
+    p = [[(x * scale).astype(cd) for x in row] for row in _block_gram(q, k, gam, strict=False, f32_operands=f32_decay)]
     if p_ref:
-        p_ref[0][...] = p.astype(p_ref[0].dtype)
-    qd = (q.astype(F32) * scale * _col(jnp.exp(gam))).astype(cd)
-    o = _dot(qd, h_ref[...]) + _dot(p.astype(cd), vn_ref[...])
-    o_ref[...] = o.astype(o_ref.dtype)
-
-
+        _store_lower(p_ref[0], p)
+    h = h_ref[...]
+    o = [_dot((x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd), h) + pv
+         for x, g, pv in zip(q, gam, _lower_matmul(p, vn), strict=True)]
+    _store_blocks(o_ref, o)
 def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool):
     """Reverse sequential pass for one (batch, head, V-tile).
 
@@ -298,76 +418,87 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
     dh0_ref[...] = lax.fori_loop(0, n_chunks, body, dht_ref[...].astype(F32))
 
 
-def _gram_vjp(m: jax.Array, a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool):
-    """Gradients of ``G = _gram(a, b, gam, strict)`` for ``dG = m``: ``(da [C,K], db [C,K], dgamma)`` (float32;
-    ``dgamma`` in the gate's shape)."""
+def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool):
+    """Gradients of ``G = _block_gram(a, b, gam, strict)`` for ``dG = m`` (lower block-triangular):
+    ``(da, db, dgamma)`` lists of float32 blocks (``dgamma`` in the gate's shape)."""
+    if gam[0].ndim == 2:
+        da = _block_decay_matmul(m, b, gam, strict, transpose=False)
+        db = _block_decay_matmul(m, a, gam, strict, transpose=True)
+        return da, db, [x.astype(F32) * dx - y.astype(F32) * dy for x, dx, y, dy in zip(a, da, b, db, strict=True)]
+    m, (a,), (b,), (gam,) = m[0][0], a, b, gam  # a scalar gate: the chunk is one block
     cd = a.dtype
-    if gam.ndim == 2:
-        da = _decay_matmul(m, b, gam, strict, transpose=False)
-        db = _decay_matmul(m, a, gam, strict, transpose=True)
-        return da, db, a.astype(F32) * da - b.astype(F32) * db
     i, j = _iota(a.shape[0])
     dm = m * _masked_exp(gam[:, None] - gam[None, :], (i > j) if strict else (i >= j))
     z = dm * _dot(a, b.T)  # dG * G
-    return _dot(dm.astype(cd), b), _dot(dm.T.astype(cd), a), jnp.sum(z, axis=1) - jnp.sum(z, axis=0)
+    return [_dot(dm.astype(cd), b)], [_dot(dm.T.astype(cd), a)], [jnp.sum(z, axis=1) - jnp.sum(z, axis=0)]
 
 
-def _grad_through_output(q, k, gam, h, dh, vn, do, scale: float):
-    """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32, the last
+def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float):
+    """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32 blocks, the last
     row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient."""
-    qf, kf = q.astype(F32), k.astype(F32)
-    per_key = gam.ndim == 2
-    gl = _last(gam)
+    per_key = gam[0].ndim == 2
+    gl = _last(gam[-1])
 
     # o = (scale Q exp(gamma)) h + P v_new,  P = scale _gram(Q, K) (inclusive lower)
-    dq = _dot(do, h.T) * scale * _col(jnp.exp(gam))
-    dgam = _red(dq * qf, per_key)
-    dq_p, dk, dgam_p = _gram_vjp(_dot(do, vn.T) * scale, q, k, gam, strict=False)
-    dq = dq + dq_p
-    dgam = dgam + dgam_p
+    dq = [_dot(x, h.T) * scale * _col(jnp.exp(g)) for x, g in zip(do, gam, strict=True)]
+    dgam = [_red(dx * x.astype(F32), per_key) for dx, x in zip(dq, q, strict=True)]
+    dp = [[_dot(do[i], vn[j].T) * scale for j in range(i + 1)] for i in range(len(do))]
+    dq_p, dk, dgam_p = _gram_vjp(dp, q, k, gam, strict=False)
+    dq = [x + y for x, y in zip(dq, dq_p, strict=True)]
+    dgam = [x + y for x, y in zip(dgam, dgam_p, strict=True)]
 
     # h' = exp(gamma_last) h + (K exp(gamma_last - gamma))^T v_new
-    e_end = _col(jnp.exp(gl - gam))
-    dk_end = _dot(vn, dh.T)
-    dk = dk + dk_end * e_end
-    r = _red(dk_end * kf * e_end, per_key)
-    dgam = dgam - r
     hdh = jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)  # single-axis reductions only (Triton lowering)
-    dgl = jnp.sum(r, axis=0) + (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
-    idx = lax.broadcasted_iota(jnp.int32, gam.shape, 0)
-    return dq, dk, jnp.where(idx == gam.shape[0] - 1, dgam + dgl, dgam)
+    dgl = (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
+    for i in range(len(k)):
+        e_end = _col(jnp.exp(gl - gam[i]))
+        dk_end = _dot(vn[i], dh.T)
+        dk[i] = dk[i] + dk_end * e_end
+        r = _red(dk_end * k[i].astype(F32) * e_end, per_key)
+        dgam[i] = dgam[i] - r
+        dgl = dgl + jnp.sum(r, axis=0)
+    idx = lax.broadcasted_iota(jnp.int32, gam[-1].shape, 0)
+    dgam[-1] = jnp.where(idx == gam[-1].shape[0] - 1, dgam[-1] + dgl, dgam[-1])
+    return dq, dk, dgam
 
 
-def _grad_through_wy(k, v, b, gam, u, w, tc, h, dvn):
+def _grad_through_wy(k: list, v: list, b: list, gam: list, u: list, w: list, tc: list, h, dvn: list):
     """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule):
-    ``(dk, d(gamma), dv, dbeta)`` float32, to add to :func:`_grad_through_output`'s."""
-    cd = k.dtype
-    kf = k.astype(F32)
-    per_key = gam.ndim == 2
-    eg = _col(jnp.exp(gam))
-    b = b.astype(F32)
+    ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
+    blocks."""
+    cd = k[0].dtype
+    per_key = gam[0].ndim == 2
+    b = [x.astype(F32)[:, None] for x in b]
     # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
-    t_du = _dot(tc.T, dvn.astype(cd))
-    t_dw = -_dot(tc.T, _dot(dvn.astype(cd), h.T).astype(cd))
-    dv = t_du * b[:, None]
-    x = t_dw * kf * eg
-    dk = t_dw * b[:, None] * eg
-    db = jnp.sum(t_du * v.astype(F32), axis=1) + jnp.sum(x, axis=1)
-    dgam = _red(x * b[:, None], per_key)
+    t_du = _lower_matmul_t(tc, [x.astype(cd) for x in dvn])
+    t_dw = [-x for x in _lower_matmul_t(tc, [_dot(x.astype(cd), h.T).astype(cd) for x in dvn])]
+    dk, dgam, dv, db = [], [], [], []
+    for i in range(len(k)):
+        eg = _col(jnp.exp(gam[i]))
+        kf = k[i].astype(F32)
+        x = t_dw[i] * kf * eg
+        dv.append(t_du[i] * b[i])
+        dk.append(t_dw[i] * b[i] * eg)
+        db.append(jnp.sum(t_du[i] * v[i].astype(F32), axis=1) + jnp.sum(x, axis=1))
+        dgam.append(_red(x * b[i], per_key))
     # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
     # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
-    da = -(_dot(t_du.astype(cd), u.T) + _dot(t_dw.astype(cd), w.T))
+    da = [[-(_dot(t_du[i].astype(cd), u[j].T) + _dot(t_dw[i].astype(cd), w[j].T)) for j in range(i + 1)]
+          for i in range(len(k))]
     if per_key:
-        y = _decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
-        db = db + jnp.sum(y * kf, axis=1)
-        z = _decay_matmul(da * b[:, None], k, gam, strict=True, transpose=True)
-        dk = dk + y * b[:, None] + z
-        dgam = dgam + kf * (y * b[:, None] - z)
-    else:
-        db = db + jnp.sum(da * _gram(k, k, gam, strict=True), axis=1)
-        dk_row, dk_col, dgam_a = _gram_vjp(da * b[:, None], k, k, gam, strict=True)
-        dk = dk + dk_row + dk_col
-        dgam = dgam + dgam_a
+        y = _block_decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
+        z = _block_decay_matmul([[x * b[i] for x in row] for i, row in enumerate(da)], k, gam, strict=True,
+                                transpose=True)
+        for i in range(len(k)):
+            kf = k[i].astype(F32)
+            db[i] = db[i] + jnp.sum(y[i] * kf, axis=1)
+            dk[i] = dk[i] + y[i] * b[i] + z[i]
+            dgam[i] = dgam[i] + kf * (y[i] * b[i] - z[i])
+    else:  # one block
+        db[0] = db[0] + jnp.sum(da[0][0] * _gram(k[0], k[0], gam[0], strict=True), axis=1)
+        (dk_row,), (dk_col,), (dgam_a,) = _gram_vjp([[da[0][0] * b[0]]], k, k, gam, strict=True)
+        dk[0] = dk[0] + dk_row + dk_col
+        dgam[0] = dgam[0] + dgam_a
     return dk, dgam, dv, db
 
 
@@ -378,23 +509,33 @@ def _grad_kernel(*refs, scale: float, delta: bool):
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
     else:
         q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
-    k, gam, h = k_ref[...], gam_ref[...], h_ref[...]
-    dq, dk, dgam = _grad_through_output(q_ref[...], k, gam, h, dh_ref[...], vn_ref[...], do_ref[...], scale)
+    per_key = len(gam_ref.shape) == 2
+    k, gam, h = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...]
+    dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], _blocks(vn_ref, per_key),
+                                        _blocks(do_ref, per_key), scale)
     if delta:
-        dk_wy, dgam_wy, dv_ref[...], dbeta_ref[...] = _grad_through_wy(
-            k, v_ref[...], beta_ref[...], gam, u_ref[...], w_ref[...], t_ref[...], h, dvn_ref[...])
-        dk, dgam = dk + dk_wy, dgam + dgam_wy
-    dq_ref[...] = dq
-    dk_ref[...] = dk
-    dgam_ref[...] = dgam
+        dk_wy, dgam_wy, dv, dbeta = _grad_through_wy(
+            k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, *(_blocks(r, per_key) for r in (u_ref, w_ref)),
+            _load_lower(t_ref, per_key), h, _blocks(dvn_ref, per_key))
+        _store_blocks(dv_ref, dv)
+        _store_blocks(dbeta_ref, dbeta)
+        dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
+        dgam = [x + y for x, y in zip(dgam, dgam_wy, strict=True)]
+    _store_blocks(dq_ref, dq)
+    _store_blocks(dk_ref, dk)
+    _store_blocks(dgam_ref, dgam)
 
 
 def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dvn_ref,
                     dk_ref, dgam_ref, dv_ref, dbeta_ref):
     """One chunk, the WY part alone (the split gradient pass): dk, d(gamma), dv, dbeta."""
-    dk_ref[...], dgam_ref[...], dv_ref[...], dbeta_ref[...] = _grad_through_wy(
-        k_ref[...], v_ref[...], beta_ref[...], gam_ref[...], u_ref[...], w_ref[...], t_ref[...], h_ref[...],
-        dvn_ref[...])
+    per_key = len(gam_ref.shape) == 2
+    k, v, beta, gam, u, w, dvn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref,
+                                                                 dvn_ref))
+    for ref, blocks in zip((dk_ref, dgam_ref, dv_ref, dbeta_ref),
+                           _grad_through_wy(k, v, beta, gam, u, w, _load_lower(t_ref, per_key), h_ref[...], dvn),
+                           strict=True):
+        _store_blocks(ref, blocks)
 
 
 # ------------------------------------------------------------------------------------------------ pallas calls

@@ -178,12 +178,14 @@ def test_kda_float32_decay_operands_round_less():
     assert errors[0] < errors[1], errors
 
 
-def test_kda_strongly_negative_gates():
-    """Gates down to -20 per step and per channel (a span of 640 in a chunk), and -1000 on some (step, channel)
-    pairs as in FLA's stress test: no overflow or NaN, same values and gradients."""
-    inputs, weights = make_inputs(13, B=1, T=40, per_key=True, g_min=-20.0)
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_kda_strongly_negative_gates(chunk):
+    """Gates down to -20 per step and per channel (a span of 640 in a chunk of 32), and -1000 on some (step,
+    channel) pairs as in FLA's stress test: no overflow or NaN, same values and gradients. Chunk 64: four 16-row
+    blocks, pairs up to three blocks apart."""
+    inputs, weights = make_inputs(13, B=1, T=40 if chunk == 32 else 72, per_key=True, g_min=-20.0)
     inputs["g"] = inputs["g"].at[:, 5::11, :, ::3].set(-1000.0)
-    check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+    check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
 
 
 def test_kda_outputs_do_not_depend_on_later_gates():
