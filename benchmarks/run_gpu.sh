@@ -12,6 +12,7 @@
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
+#   train_kda_chunks         300M KDA at chunk 32 and 64 (model.chunk_size)
 #   profile                  300M GDN / KDA / Mamba2 hybrid throughput (env PROFILE_CONFIGS picks), then a traced
 #                            step summary (top device ops)
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
@@ -63,6 +64,8 @@ run_part() {
                timeout 120 python3 .anchors/jax_attention.py 2>&1 | tee "$OUT/jax_attention.log" ;;
     train)     ours_train zebra_300m_gdn ;;
     train_kda) ours_train zebra_300m_kda ;;
+    train_kda_chunks) for c in 32 64; do ours_train zebra_300m_kda --config.model.chunk_size=$c \
+                 --out "$OUT/train_zebra_300m_kda_chunk$c.json"; done ;;
     train_hybrids) ours_train zebra_300m_gdn_hybrid; ours_train zebra_300m_mamba2_hybrid ;;
     train_1b)  ours_train zebra_1b_gdn ;;
     profile)   for c in ${PROFILE_CONFIGS:-zebra_300m_gdn zebra_300m_kda zebra_300m_mamba2_hybrid}; do
