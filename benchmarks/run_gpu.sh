@@ -3,8 +3,8 @@
 # Expects: ./.whl (grain, ml-collections, array-record, tensorboardX, FLA wheels) and ./.anchors (the reference's
 # anchor scripts) carried next to the tree; writes JSON and logs under $OUT.
 #   usage: benchmarks/run_gpu.sh PART... [// PART... ...]
-# Groups separated by '//' run at the same time, group i on GPU i modulo the GPU count (CUDA_VISIBLE_DEVICES); the
-# parts of a group run one after the other on its GPU. Parts (each has its own time limit):
+# Groups separated by '//' run at the same time, group i on GPU i (CUDA_VISIBLE_DEVICES=i), at most one group per GPU
+# (JAX jobs sharing a GPU run out of memory); the parts of a group run one after the other on its GPU. Parts (each has its own time limit):
 #   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
 #   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda)
 #   kda kda_autotune         our KDA kernels (the table's chunk, chunks 32/64, fused or split gradient pass) beside our
@@ -78,7 +78,7 @@ run_part() {
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
                  | tee "$OUT/sublayers.log" ;;
-    max_batch) XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 520 python3 -m benchmarks.max_batch \
+    max_batch) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 520 python3 -m benchmarks.max_batch \
                  --config configs/zebra_300m_gdn.py,configs/zebra_1b_gdn.py --remat none,full --jobs 2 \
                  --extra-compiles 1 2>&1 | tee "$OUT/max_batch.log" ;;
     loss_parity) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 380 python3 -m benchmarks.loss_parity \
@@ -113,9 +113,10 @@ if [ ${#groups[@]} -eq 1 ]; then
   run_group ${groups[0]}
 else
   ngpu=$(nvidia-smi -L | wc -l)
+  if [ ${#groups[@]} -gt "$ngpu" ]; then echo "${#groups[@]} groups for $ngpu GPUs: one group per GPU" >&2; exit 2; fi
   for i in "${!groups[@]}"; do
     # shellcheck disable=SC2086
-    (export CUDA_VISIBLE_DEVICES=$((i % ngpu)); run_group ${groups[$i]} > "$OUT/gpu$i.log" 2>&1) &
+    (export CUDA_VISIBLE_DEVICES=$i; run_group ${groups[$i]} > "$OUT/gpu$i.log" 2>&1) &
   done
   wait
 fi
