@@ -17,6 +17,7 @@
 #                            step summary (top device ops)
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
+#   fits                     real steps at growing micro-batches (env FITS_CONFIG, FITS_SIZES) up to the first failure
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
 #                            (env PARITY_REFERENCE fla|hf, PARITY_BATCH; PARITY_DATA: token shards from
 #                            'python -m hybrid_jax.prepare', carried, instead of mock batches; with fla, FLA's Hopper
@@ -74,6 +75,10 @@ run_part() {
                mv "$OUT/fla_model.json" "$OUT/fla_train_gdn.json" ;;
     fla_train_kda) timeout 540 python3 .anchors/fla_training.py 32 kda 2>&1 | tee "$OUT/fla_train_kda.log"
                mv "$OUT/fla_model.json" "$OUT/fla_train_kda.json" ;;
+    fits)      for m in ${FITS_SIZES:-96 112 128}; do  # the largest micro-batch that runs: sizes up to the first failure
+                 XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 ours_train "${FITS_CONFIG:-zebra_300m_gdn}" \
+                   --config.train.micro_batch_size="$m" --steps 3 --warmup 1 \
+                   --out "$OUT/fits_${FITS_CONFIG:-zebra_300m_gdn}_m$m.json" || break; done ;;
     small_ops) timeout 200 python3 -m benchmarks.small_ops --ce-chunks 2048,8192 2>&1 | tee "$OUT/small_ops.log" ;;
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
