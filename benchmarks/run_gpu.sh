@@ -17,7 +17,8 @@
 #                            step summary (top device ops)
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
-#   fits                     real steps at growing micro-batches (env FITS_CONFIG, FITS_SIZES) up to the first failure
+#   fits fits_1b             300M / 1B GDN: real steps at growing micro-batches (env FITS_SIZES, FITS_1B_SIZES) up to
+#                            the first that fails
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
 #                            (env PARITY_REFERENCE fla|hf, PARITY_BATCH; PARITY_DATA: token shards from
 #                            'python -m hybrid_jax.prepare', carried, instead of mock batches; with fla, FLA's Hopper
@@ -43,6 +44,14 @@ ours_train() {  # config, extra flags...
   local c=$1; shift
   timeout 200 python3 -m benchmarks.train_throughput --config "configs/$c.py" --steps 10 --warmup 2 \
     --out "$OUT/train_$c.json" "$@" 2>&1 | tail -120 | tee "$OUT/train_$c.log"
+}
+
+fits() {  # config, micro-batches: real train steps at each size until one fails (out of memory)
+  local c=$1 m; shift
+  for m in "$@"; do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 ours_train "$c" --config.train.micro_batch_size="$m" --steps 3 --warmup 1 \
+      --out "$OUT/fits_${c}_m$m.json" || break
+  done
 }
 
 run_part() {
@@ -75,10 +84,8 @@ run_part() {
                mv "$OUT/fla_model.json" "$OUT/fla_train_gdn.json" ;;
     fla_train_kda) timeout 540 python3 .anchors/fla_training.py 32 kda 2>&1 | tee "$OUT/fla_train_kda.log"
                mv "$OUT/fla_model.json" "$OUT/fla_train_kda.json" ;;
-    fits)      for m in ${FITS_SIZES:-96 112 128}; do  # the largest micro-batch that runs: sizes up to the first failure
-                 XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 ours_train "${FITS_CONFIG:-zebra_300m_gdn}" \
-                   --config.train.micro_batch_size="$m" --steps 3 --warmup 1 \
-                   --out "$OUT/fits_${FITS_CONFIG:-zebra_300m_gdn}_m$m.json" || break; done ;;
+    fits)      fits zebra_300m_gdn ${FITS_SIZES:-96 112 128} ;;
+    fits_1b)   fits zebra_1b_gdn ${FITS_1B_SIZES:-32 40 48} ;;
     small_ops) timeout 200 python3 -m benchmarks.small_ops --ce-chunks 2048,8192 2>&1 | tee "$OUT/small_ops.log" ;;
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
