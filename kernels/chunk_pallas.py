@@ -330,13 +330,15 @@ def _lower_matmul_t(m: list, x: list) -> list[jax.Array]:
 def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
     per_key = len(gam_ref.shape) == 2
-    k, v, gam, b = (_blocks(r, per_key) for r in (k_ref, v_ref, gam_ref, beta_ref))
+    # each input is loaded where it is first used: loaded early, V cost the H200 a shared-memory overflow at K = 128
+    k, gam, b = (_blocks(r, per_key) for r in (k_ref, gam_ref, beta_ref))
     cd = k[0].dtype
     b = [x.astype(F32)[:, None] for x in b]
     a = [[x * b[i] for x in row] for i, row in enumerate(_block_gram(k, k, gam, strict=True, f32_operands=f32_decay))]
     # computed in float32, used (and stored) in the input dtype
     tc = [[x.astype(cd) for x in row] for row in _block_unit_lower_inverse(a, split)]
     _store_lower(t_ref, tc)
+    v = _blocks(v_ref, per_key)
     _store_blocks(u_ref, _lower_matmul(tc, [(x.astype(F32) * bx).astype(cd) for x, bx in zip(v, b, strict=True)]))
     _store_blocks(w_ref, _lower_matmul(tc, [(x.astype(F32) * bx * _col(jnp.exp(g))).astype(cd)
                                             for x, bx, g in zip(k, b, gam, strict=True)]))
@@ -370,15 +372,14 @@ def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: f
     """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with a
     per-key gate ``P`` is also stored (``p_ref``) for the reverse state pass."""
     per_key = len(gam_ref.shape) == 2
-    q, k, vn, gam = (_blocks(r, per_key) for r in (q_ref, k_ref, vn_ref, gam_ref))
+    q, gam, k = (_blocks(r, per_key) for r in (q_ref, gam_ref, k_ref))  # in order of use (see _wy_kernel)
     cd = q[0].dtype
     p = [[(x * scale).astype(cd) for x in row] for row in _block_gram(q, k, gam, strict=False, f32_operands=f32_decay)]
     if p_ref:
         _store_lower(p_ref[0], p)
     h = h_ref[...]
-    o = [_dot((x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd), h) + pv
-         for x, g, pv in zip(q, gam, _lower_matmul(p, vn), strict=True)]
-    _store_blocks(o_ref, o)
+    qh = [_dot((x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd), h) for x, g in zip(q, gam, strict=True)]
+    _store_blocks(o_ref, [x + y for x, y in zip(qh, _lower_matmul(p, _blocks(vn_ref, per_key)), strict=True)])
 def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool):
     """Reverse sequential pass for one (batch, head, V-tile).
 
@@ -530,11 +531,9 @@ def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref,
                     dk_ref, dgam_ref, dv_ref, dbeta_ref):
     """One chunk, the WY part alone (the split gradient pass): dk, d(gamma), dv, dbeta."""
     per_key = len(gam_ref.shape) == 2
-    k, v, beta, gam, u, w, dvn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref,
-                                                                 dvn_ref))
-    for ref, blocks in zip((dk_ref, dgam_ref, dv_ref, dbeta_ref),
-                           _grad_through_wy(k, v, beta, gam, u, w, _load_lower(t_ref, per_key), h_ref[...], dvn),
-                           strict=True):
+    k, v, beta, gam, u, w = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref))
+    grads = _grad_through_wy(k, v, beta, gam, u, w, _load_lower(t_ref, per_key), h_ref[...], _blocks(dvn_ref, per_key))
+    for ref, blocks in zip((dk_ref, dgam_ref, dv_ref, dbeta_ref), grads, strict=True):
         _store_blocks(ref, blocks)
 
 
