@@ -96,7 +96,7 @@ run_part() {
     max_batch) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 520 python3 -m benchmarks.max_batch \
                  --config configs/zebra_300m_gdn.py,configs/zebra_1b_gdn.py --remat none,full --jobs 2 \
                  --extra-compiles 1 2>&1 | tee "$OUT/max_batch.log" ;;
-    loss_parity) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 380 python3 -m benchmarks.loss_parity \
+    loss_parity) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 590 python3 -m benchmarks.loss_parity \
                  --reference "${PARITY_REFERENCE:-fla}" --batch "${PARITY_BATCH:-8}" --lift-fla-guard \
                  ${PARITY_DATA:+--data "$PARITY_DATA"} 2>&1 | tee "$OUT/loss_parity.log" ;;
     steps300)  timeout 300 python3 -m hybrid_jax.train --config configs/zebra_300m_gdn.py \
