@@ -330,17 +330,20 @@ def _lower_matmul_t(m: list, x: list) -> list[jax.Array]:
 def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
     per_key = len(gam_ref.shape) == 2
-    # each input is loaded where it is first used: loaded early, V cost the H200 a shared-memory overflow at K = 128
+    # Inputs are loaded where they are first used, and the operations keep the order of the single-tile kernels
+    # whose launches were tuned: the Triton compiler's shared-memory use depends on both.
     k, gam, b = (_blocks(r, per_key) for r in (k_ref, gam_ref, beta_ref))
     cd = k[0].dtype
-    b = [x.astype(F32)[:, None] for x in b]
-    a = [[x * b[i] for x in row] for i, row in enumerate(_block_gram(k, k, gam, strict=True, f32_operands=f32_decay))]
+    b = [x.astype(F32) for x in b]
+    g = _block_gram(k, k, gam, strict=True, f32_operands=f32_decay)
+    a = [[x * b[i][:, None] for x in row] for i, row in enumerate(g)]
     # computed in float32, used (and stored) in the input dtype
     tc = [[x.astype(cd) for x in row] for row in _block_unit_lower_inverse(a, split)]
     _store_lower(t_ref, tc)
     v = _blocks(v_ref, per_key)
-    _store_blocks(u_ref, _lower_matmul(tc, [(x.astype(F32) * bx).astype(cd) for x, bx in zip(v, b, strict=True)]))
-    _store_blocks(w_ref, _lower_matmul(tc, [(x.astype(F32) * bx * _col(jnp.exp(g))).astype(cd)
+    _store_blocks(u_ref, _lower_matmul(tc, [(x.astype(F32) * bx[:, None]).astype(cd)
+                                            for x, bx in zip(v, b, strict=True)]))
+    _store_blocks(w_ref, _lower_matmul(tc, [(x.astype(F32) * bx[:, None] * _col(jnp.exp(g))).astype(cd)
                                             for x, bx, g in zip(k, b, gam, strict=True)]))
 
 
@@ -372,13 +375,13 @@ def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: f
     """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with a
     per-key gate ``P`` is also stored (``p_ref``) for the reverse state pass."""
     per_key = len(gam_ref.shape) == 2
-    q, gam, k = (_blocks(r, per_key) for r in (q_ref, gam_ref, k_ref))  # in order of use (see _wy_kernel)
+    q, gam, k = (_blocks(r, per_key) for r in (q_ref, gam_ref, k_ref))  # order of use and operations: _wy_kernel
     cd = q[0].dtype
     p = [[(x * scale).astype(cd) for x in row] for row in _block_gram(q, k, gam, strict=False, f32_operands=f32_decay)]
     if p_ref:
         _store_lower(p_ref[0], p)
-    h = h_ref[...]
-    qh = [_dot((x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd), h) for x, g in zip(q, gam, strict=True)]
+    qd = [(x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd) for x, g in zip(q, gam, strict=True)]
+    qh = [_dot(x, h_ref[...]) for x in qd]
     _store_blocks(o_ref, [x + y for x, y in zip(qh, _lower_matmul(p, _blocks(vn_ref, per_key)), strict=True)])
 def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool):
     """Reverse sequential pass for one (batch, head, V-tile).
@@ -437,27 +440,30 @@ def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool):
 def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float):
     """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32 blocks, the last
     row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient."""
+    # The order of the operations is the one the Triton compiler was tuned with (see _wy_kernel).
+    qf, kf = [x.astype(F32) for x in q], [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
     gl = _last(gam[-1])
 
     # o = (scale Q exp(gamma)) h + P v_new,  P = scale _gram(Q, K) (inclusive lower)
     dq = [_dot(x, h.T) * scale * _col(jnp.exp(g)) for x, g in zip(do, gam, strict=True)]
-    dgam = [_red(dx * x.astype(F32), per_key) for dx, x in zip(dq, q, strict=True)]
+    dgam = [_red(dx * x, per_key) for dx, x in zip(dq, qf, strict=True)]
     dp = [[_dot(do[i], vn[j].T) * scale for j in range(i + 1)] for i in range(len(do))]
     dq_p, dk, dgam_p = _gram_vjp(dp, q, k, gam, strict=False)
     dq = [x + y for x, y in zip(dq, dq_p, strict=True)]
     dgam = [x + y for x, y in zip(dgam, dgam_p, strict=True)]
 
     # h' = exp(gamma_last) h + (K exp(gamma_last - gamma))^T v_new
-    hdh = jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)  # single-axis reductions only (Triton lowering)
-    dgl = (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
+    r_sum = []
     for i in range(len(k)):
         e_end = _col(jnp.exp(gl - gam[i]))
         dk_end = _dot(vn[i], dh.T)
         dk[i] = dk[i] + dk_end * e_end
-        r = _red(dk_end * k[i].astype(F32) * e_end, per_key)
+        r = _red(dk_end * kf[i] * e_end, per_key)
         dgam[i] = dgam[i] - r
-        dgl = dgl + jnp.sum(r, axis=0)
+        r_sum.append(jnp.sum(r, axis=0))
+    hdh = jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)  # single-axis reductions only (Triton lowering)
+    dgl = _sum(r_sum) + (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
     idx = lax.broadcasted_iota(jnp.int32, gam[-1].shape, 0)
     dgam[-1] = jnp.where(idx == gam[-1].shape[0] - 1, dgam[-1] + dgl, dgam[-1])
     return dq, dk, dgam
@@ -468,36 +474,35 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, u: list, w: list, tc:
     ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
     blocks."""
     cd = k[0].dtype
+    kf = [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
-    b = [x.astype(F32)[:, None] for x in b]
+    eg = [_col(jnp.exp(g)) for g in gam]
+    b = [x.astype(F32) for x in b]
     # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
     t_du = _lower_matmul_t(tc, [x.astype(cd) for x in dvn])
     t_dw = [-x for x in _lower_matmul_t(tc, [_dot(x.astype(cd), h.T).astype(cd) for x in dvn])]
     dk, dgam, dv, db = [], [], [], []
     for i in range(len(k)):
-        eg = _col(jnp.exp(gam[i]))
-        kf = k[i].astype(F32)
-        x = t_dw[i] * kf * eg
-        dv.append(t_du[i] * b[i])
-        dk.append(t_dw[i] * b[i] * eg)
+        dv.append(t_du[i] * b[i][:, None])
+        x = t_dw[i] * kf[i] * eg[i]
+        dk.append(t_dw[i] * b[i][:, None] * eg[i])
         db.append(jnp.sum(t_du[i] * v[i].astype(F32), axis=1) + jnp.sum(x, axis=1))
-        dgam.append(_red(x * b[i], per_key))
+        dgam.append(_red(x * b[i][:, None], per_key))
     # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
     # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
     da = [[-(_dot(t_du[i].astype(cd), u[j].T) + _dot(t_dw[i].astype(cd), w[j].T)) for j in range(i + 1)]
           for i in range(len(k))]
     if per_key:
         y = _block_decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
-        z = _block_decay_matmul([[x * b[i] for x in row] for i, row in enumerate(da)], k, gam, strict=True,
+        db = [x + jnp.sum(yi * ki, axis=1) for x, yi, ki in zip(db, y, kf, strict=True)]
+        z = _block_decay_matmul([[x * b[i][:, None] for x in row] for i, row in enumerate(da)], k, gam, strict=True,
                                 transpose=True)
         for i in range(len(k)):
-            kf = k[i].astype(F32)
-            db[i] = db[i] + jnp.sum(y[i] * kf, axis=1)
-            dk[i] = dk[i] + y[i] * b[i] + z[i]
-            dgam[i] = dgam[i] + kf * (y[i] * b[i] - z[i])
+            dk[i] = dk[i] + y[i] * b[i][:, None] + z[i]
+            dgam[i] = dgam[i] + kf[i] * (y[i] * b[i][:, None] - z[i])
     else:  # one block
         db[0] = db[0] + jnp.sum(da[0][0] * _gram(k[0], k[0], gam[0], strict=True), axis=1)
-        (dk_row,), (dk_col,), (dgam_a,) = _gram_vjp([[da[0][0] * b[0]]], k, k, gam, strict=True)
+        (dk_row,), (dk_col,), (dgam_a,) = _gram_vjp([[da[0][0] * b[0][:, None]]], k, k, gam, strict=True)
         dk[0] = dk[0] + dk_row + dk_col
         dgam[0] = dgam[0] + dgam_a
     return dk, dgam, dv, db
