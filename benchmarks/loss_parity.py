@@ -227,7 +227,8 @@ def main() -> None:
             theirs = train_torch(model, batches, cfg.train, lambda step: float(schedule(step)),
                                  autocast_dtype=torch.bfloat16, log=lambda s: print(f"{args.reference} {s}"))
         except RuntimeError as e:  # e.g. FLA refusing its gated backward on Hopper under Triton < 3.7.1
-            (out / f"loss_parity_{args.reference}.json").write_text(json.dumps(dict(ok=False, error=str(e)), indent=1))
+            failure = dict(ok=False, error=str(e), guard_check=guard)
+            (out / f"loss_parity_{args.reference}.json").write_text(json.dumps(failure, indent=1))
             raise SystemExit(f"the reference's training step failed, no parity run: {e}") from None
         ref_s = time.perf_counter() - t0
         del model
