@@ -57,7 +57,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels import reference
-from hybrid_jax.kernels.tuning import Launch, RecurrentConfig, recurrent_config
+from hybrid_jax.kernels.tuning import Launch, RecurrentConfig, fit_stages, recurrent_config
 
 F32 = jnp.float32
 
@@ -605,6 +605,11 @@ class _Specs:
         return pl.BlockSpec((None, N, None, K, self.BV), lambda b, h, v: (b, 0, h, 0, v))
 
 
+def _gate_bytes(gam) -> int:
+    """Bytes of one token's cumulated gate (float32): one per value head, or one per key channel."""
+    return 4 * (gam.shape[3] if gam.ndim == 4 else 1)
+
+
 def _dims(st: Static, q, v, gam):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -637,15 +642,18 @@ def state_fwd(st: Static, k, gam, w, u, h0):
     delta = w is not None
     kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta)
     snaps, final = sds((B, N, HV, K, V), k.dtype), sds((B, HV, K, V), F32)
+    # one chunk's loads (k, gate, w, u tile): a pipeline stage's shared memory
+    stage = st.chunk * (K * k.dtype.itemsize * (2 if delta else 1) + _gate_bytes(gam) + BV * u.dtype.itemsize)
+    launch = fit_stages(st.cfg.state, stage, st.cfg.shared_memory)
     if delta:
         return _call(
-            kernel, "state_fwd", st.cfg.state, st, (B, HV, V // BV),
+            kernel, "state_fwd", launch, st, (B, HV, V // BV),
             [s.qk_seq(K), s.gate_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K)],
             [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
             [snaps, sds((B, T, HV, V), k.dtype), final],
         )(k, gam, w, u, h0)
     h, ht = _call(
-        kernel, "state_fwd", st.cfg.state, st, (B, HV, V // BV),
+        kernel, "state_fwd", launch, st, (B, HV, V // BV),
         [s.qk_seq(K), s.gate_seq(), s.vtile_seq(), s.state_seq(K)],
         [s.snaps_seq(N, K), s.state_seq(K)],
         [snaps, final],
@@ -680,8 +688,12 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht):
     ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht]
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
         [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K)]
+    # one chunk's loads (q, k, gate, w, P, dO tile): a pipeline stage's shared memory
+    isz = q.dtype.itemsize
+    stage = st.chunk * (K * isz * (3 if delta else 2) + _gate_bytes(gam) + (st.chunk * isz if p is not None else 0)
+                        + BV * do.dtype.itemsize)
     return _call(
-        kernel, "state_bwd", st.cfg.state_bwd, st, (B, HV, V // BV), specs,
+        kernel, "state_bwd", fit_stages(st.cfg.state_bwd, stage, st.cfg.shared_memory), st, (B, HV, V // BV), specs,
         [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
         [sds((B, N, HV, K, V), q.dtype), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32)],
     )(*ins)

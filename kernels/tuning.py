@@ -32,7 +32,8 @@ class RecurrentConfig:
     two launches (``grad``: through the output and state update; ``grad_wy``: through the WY transform) instead of
     one fused kernel (``None``: always fused). ``decay_operands_f32`` (per-key gate only): the forward's decayed
     Gram products (``A`` in ``wy``, ``P`` in ``output``) from float32 operands (TF32 tensor cores on NVIDIA) instead
-    of input-dtype ones: less rounding, more registers.
+    of input-dtype ones: less rounding, more registers. ``shared_memory``: bytes of shared memory (LDS) per block on
+    the target GPU; the sequential kernels' pipeline stages are capped to fit it (:func:`fit_stages`).
     """
 
     chunk: int = 64
@@ -46,6 +47,18 @@ class RecurrentConfig:
     split_grad_from: int | None = None
     grad_wy: Launch = Launch()  # the WY part of the gradient pass when split
     decay_operands_f32: bool = False
+    shared_memory: int = 48 * 1024
+
+
+def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:
+    """``launch`` with no more pipeline stages than fit ``shared_memory`` (at least one).
+
+    Triton keeps each stage's copy of a loop iteration's loads in shared memory: on the H200 the GDN state pass at
+    chunk 64, K = V = 64 (loads of 24,832 bytes per chunk) allocated exactly 2 x 24,832 bytes at 2 stages. A launch
+    tuned at one chunk can therefore overflow at a longer one (KDA's 3-stage state passes, tuned at chunk 16, did
+    not launch at chunk 64 and K = 128). An eighth of the memory is left for layout conversions."""
+    fit = max(1, shared_memory * 7 // 8 // bytes_per_stage)
+    return launch if launch.num_stages <= fit else dataclasses.replace(launch, num_stages=fit)
 
 
 RECURRENT: dict[str, RecurrentConfig] = {
@@ -54,6 +67,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
     # The ROCm entries take the same rule, unmeasured.
     "sm90": RecurrentConfig(
         block_v=64,
+        shared_memory=227 * 1024,
         wy=Launch(4, 2),
         state=Launch(4, 2),
         output=Launch(4, 2),
@@ -65,6 +79,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
     # 64 KiB LDS: keep state tiles small and a single stage.
     "gfx942": RecurrentConfig(
         block_v=32,
+        shared_memory=64 * 1024,
         wy=Launch(4, 1),
         state=Launch(4, 1),
         output=Launch(4, 1),
@@ -75,6 +90,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
     ),
     "gfx950": RecurrentConfig(
         block_v=64,
+        shared_memory=160 * 1024,
         wy=Launch(4, 1),
         state=Launch(4, 1),
         output=Launch(4, 1),

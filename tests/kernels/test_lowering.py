@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from hybrid_jax.kernels import chunk_pallas
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
 from hybrid_jax.kernels.flash_attention import flash_attention
-from hybrid_jax.kernels.tuning import attention_config, recurrent_config
+from hybrid_jax.kernels.tuning import Launch, attention_config, fit_stages, recurrent_config
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 TARGETS = [("NVIDIA H200", "cuda", "sm90"), ("gfx942", "rocm", "gfx942"), ("gfx950", "rocm", "gfx950")]
@@ -103,7 +104,47 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_lowers_to_triton(case: Case, target):
     kind, platform, arch = target
+    assert _lower(case.make(arch), case.args, kind, platform).count(TRITON_CALL) >= case.triton_calls
+
+
+def _lower(fn: Callable, args: tuple, kind: str, platform: str) -> str:
+    """The text of ``fn`` lowered for a device of ``kind`` on ``platform`` (none needs to be present)."""
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(kind, 1, platform))
     with jax.sharding.use_abstract_mesh(mesh):
-        text = jax.jit(case.make(arch)).trace(*case.args).lower(lowering_platforms=(platform,)).as_text()
-    assert text.count(TRITON_CALL) >= case.triton_calls
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_fit_stages():
+    assert fit_stages(Launch(4, 3), 18_432, 227 * 1024) == Launch(4, 3)
+    assert fit_stages(Launch(4, 3), 73_728, 227 * 1024) == Launch(4, 2)  # 3 x 72 KiB > 7/8 of 227 KiB
+    assert fit_stages(Launch(8, 2), 10**9, 64 * 1024) == Launch(8, 1)  # at least one stage
+
+
+@pytest.mark.parametrize("per_key, K, V, chunk, stages", [
+    (False, 64, 64, 64, (2, 2)),  # GDN at the 300M shape: the table's launches fit
+    (True, 128, 128, 16, (3, 3)),  # KDA at the anchor, its tuned chunk: unchanged
+    (True, 128, 128, 64, (2, 2)),  # KDA at chunk 64: the 3-stage launches tuned at chunk 16 would overflow
+])
+def test_state_passes_fit_shared_memory(monkeypatch, per_key, K, V, chunk, stages):
+    """The sequential kernels' stages are capped by shared memory, with a stage's bytes as Triton allocates them:
+    the H200's GDN state pass at the 300M shape allocated 49,664 bytes = 2 stages x 24,832."""
+    calls = []
+
+    def spy(launch, per_stage, shared_memory):
+        fitted = fit_stages(launch, per_stage, shared_memory)
+        calls.append((per_stage, fitted.num_stages))
+        return fitted
+
+    monkeypatch.setattr(chunk_pallas, "fit_stages", spy)
+    B, T, H, HV = 1, 128, 2, 2
+    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V),
+            _sds(*((B, T, HV, K) if per_key else (B, T, HV)), dtype=jnp.float32), _sds(B, T, HV))
+    config = recurrent_config("sm90", per_key=per_key)
+
+    def loss(*xs):
+        return chunk_recurrence(*xs, config=config, chunk_size=chunk)[0].astype(jnp.float32).sum()
+
+    _lower(jax.grad(loss, argnums=(0, 1, 2)), args, "NVIDIA H200", "cuda")
+    assert [n for _, n in calls] == list(stages)  # state_fwd, then state_bwd
+    if not per_key:
+        assert calls[0][0] == 24_832
