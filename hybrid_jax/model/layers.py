@@ -158,14 +158,21 @@ class ShortConv(nnx.Module):
 
 # --------------------------------------------------------------------------------------------- MLP
 class MLP(nnx.Module):
-    """SwiGLU: ``linear_fc2(silu(gate) * up)`` with ``[gate | up] = linear_fc1(x)`` (``D -> 2F -> D``). ``[B,T,D]``."""
+    """SwiGLU: ``linear_fc2(silu(gate) * up)`` with ``[gate | up] = linear_fc1(x)`` (``D -> 2F -> D``). ``[B,T,D]``.
+
+    ``linear_fc1`` is one ``[D, 2F]`` parameter (Megatron's layout), but ``gate`` and ``up`` are two matmuls on its
+    halves: with one matmul split in two, the backward concatenates d(gate) and d(up) into a ``[B, T, 2F]`` tensor
+    for the weight and input gradients (on the H200, 12 ms of a 284 ms 300M GDN step)."""
 
     def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
         self.linear_fc1 = dense(cfg, cfg.hidden_size, 2 * cfg.ffn_size, rngs=rngs)
         self.linear_fc2 = dense(cfg, cfg.ffn_size, cfg.hidden_size, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        gate, up = jnp.split(self.linear_fc1(x), 2, axis=-1)
+        fc1 = self.linear_fc1
+        x, w = fc1.promote_dtype((x, fc1.kernel[...]), dtype=fc1.dtype)
+        half = w.shape[1] // 2
+        gate, up = jnp.dot(x, w[:, :half]), jnp.dot(x, w[:, half:])
         return self.linear_fc2(jax.nn.silu(gate) * up)
 
 

@@ -233,3 +233,33 @@ def test_group_rms_norm_normalises_each_group_after_the_gate():
     np.testing.assert_allclose(np.sqrt((out**2).mean(-1)), 1.0, rtol=1e-3)
     gated = np.asarray(y * jax.nn.silu(z)).reshape(3, 2, 4)
     np.testing.assert_allclose(out / np.sign(gated), np.abs(out), rtol=1e-6)  # same signs: the gate came first
+
+
+def _eqns(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
+                if hasattr(sub, "eqns"):
+                    yield from _eqns(sub)
+
+
+def test_mlp_is_swiglu_without_an_activation_sized_concatenate(cfg):
+    """The MLP computes ``fc2(silu(gate) * up)`` with ``[gate | up] = x fc1``, and its gradient (input and weights)
+    concatenates nothing as large as ``[B, T, 2F]`` (two matmuls on the halves of fc1, not one split in two)."""
+    mlp = MLP(cfg, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(2), (B, T, cfg.hidden_size))
+    h = np.asarray(x, np.float64) @ _np(mlp.linear_fc1.kernel)
+    gate, up = np.split(h, 2, axis=-1)
+    want = (_silu(gate) * up) @ _np(mlp.linear_fc2.kernel)
+    assert rel_err(apply(mlp, x), want) < 1e-5
+    graphdef, state = nnx.split(mlp)
+
+    def loss(state, x):
+        return jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(state, x).jaxpr
+    sizes = [int(np.prod(e.outvars[0].aval.shape)) for e in _eqns(jaxpr) if e.primitive.name == "concatenate"]
+    assert all(size < B * T * 2 * cfg.ffn_size for size in sizes), sizes
