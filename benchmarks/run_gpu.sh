@@ -19,7 +19,7 @@
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
 #   fits fits_1b             300M / 1B GDN: real steps at growing micro-batches (env FITS_SIZES, FITS_1B_SIZES) up to
-#                            the first that fails
+#                            the first that fails (env FITS_REMAT: none, the default, or full)
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
 #                            (env PARITY_REFERENCE fla|hf, PARITY_BATCH; PARITY_DATA: token shards from
 #                            'python -m hybrid_jax.prepare', carried, instead of mock batches; with fla, FLA's Hopper
@@ -51,7 +51,7 @@ fits() {  # config, micro-batches: real train steps at each size until one fails
   local c=$1 m; shift
   for m in "$@"; do
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 ours_train "$c" --config.train.micro_batch_size="$m" --steps 3 --warmup 1 \
-      --out "$OUT/fits_${c}_m$m.json" || break
+      --config.model.remat="${FITS_REMAT:-none}" --out "$OUT/fits_${c}_remat_${FITS_REMAT:-none}_m$m.json" || break
   done
 }
 
