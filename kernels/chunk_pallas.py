@@ -330,8 +330,8 @@ def _lower_matmul_t(m: list, x: list) -> list[jax.Array]:
 def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
     per_key = len(gam_ref.shape) == 2
-    # Inputs are loaded where they are first used, and the operations keep the order of the single-tile kernels
-    # whose launches were tuned: the Triton compiler's shared-memory use depends on both.
+    # Inputs are loaded where they are first used and the operations keep the order of the single-tile kernels, so at
+    # chunk 16 (one block) the Triton IR is op for op the one whose launches were tuned.
     k, gam, b = (_blocks(r, per_key) for r in (k_ref, gam_ref, beta_ref))
     cd = k[0].dtype
     b = [x.astype(F32) for x in b]
