@@ -84,6 +84,14 @@ def time_case(call, inputs: list[torch.Tensor], do: torch.Tensor) -> dict[str, f
     }
 
 
+def lift_hopper_guard() -> None:
+    """Let FLA run its gated backward on Hopper under Triton < 3.7.1, which it refuses (a guard against a
+    miscompile, FLA #640)."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+
+
 def shapes_in_order(only: list[str] | None) -> list:
     """The recurrent shapes named in ``only``, in that order (FLA's autotuning can take minutes per shape, so the
     order decides which shapes a time limit reaches); all of them when ``only`` is empty."""
@@ -102,11 +110,10 @@ def main() -> None:
     ap.add_argument("--attention-only", action="store_true", help="only the SDPA rows")
     args = ap.parse_args()
     import fla
-    import fla.ops.common.chunk_o as chunk_o
 
-    # FLA refuses its gated backward on Hopper under Triton < 3.7.1 (a correctness guard). These are timings only
-    # (correctness is checked against our naive recurrences), so lift it as the reference's own anchor script does.
-    chunk_o.TRITON_ABOVE_3_7_1 = True
+    # These are timings only (correctness is checked against our naive recurrences), so the guard is lifted as the
+    # reference's own anchor script does.
+    lift_hopper_guard()
     print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  fla {fla.__version__}", flush=True)
     cases = (
         []

@@ -34,6 +34,7 @@ and ``$OUT/loss_parity_REFERENCE.png``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
@@ -60,47 +61,35 @@ def parity_config(path: str, *, steps: int, batch: int, seq_len: int, workdir: s
 
 
 def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
-    """FLA's chunk kernel of ``cfg``'s mixer (``chunk_gated_delta_rule`` or ``chunk_kda``, q/k L2-normed in the
-    kernel as FLA's layers call it) with its Hopper guard lifted, against
+    """FLA's chunk kernel of ``cfg``'s mixer with its Hopper guard lifted, called as :mod:`benchmarks.fla_reference`
+    times it (its inputs at the model's head shapes and ``train.seq_len``), against
     :func:`hybrid_jax.export.modeling_hybrid.chunked_recurrence` in float32 (tested against the token loop and our
-    JAX kernels) on the same bf16 inputs at the model's head shapes and ``train.seq_len``: the relative RMS error of
-    the output and of every input's gradient, and ``ok`` when they are within :data:`GUARD_TOL`. Leaves the guard
-    lifted."""
-    import fla.ops.common.chunk_o as chunk_o
+    JAX kernels) on the same inputs: the relative RMS error of the output and of every input's gradient, and ``ok``
+    when they are within :data:`GUARD_TOL`. Leaves the guard lifted."""
     import torch
     import torch.nn.functional as F
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    from fla.ops.kda import chunk_kda
 
+    from benchmarks.fla_reference import lift_hopper_guard, recurrent_case
+    from benchmarks.shapes import Shape
     from hybrid_jax.export.fla import fla_kind
     from hybrid_jax.export.modeling_hybrid import chunked_recurrence
 
     kind = fla_kind(cfg.model)
     c = cfg.model[kind]
-    H, HV, K, V, T = c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim, cfg.train.seq_len
-    dev, bf16 = "cuda", torch.bfloat16
-    torch.manual_seed(0)
-    inputs = [
-        torch.randn(batch, T, H, K, device=dev, dtype=bf16),
-        torch.randn(batch, T, H, K, device=dev, dtype=bf16),
-        torch.randn(batch, T, HV, V, device=dev, dtype=bf16),
-        F.logsigmoid(torch.randn(batch, T, HV, *((K,) if kind == "kda" else ()), device=dev)) / 16,
-        torch.rand(batch, T, HV, device=dev).sigmoid().to(bf16),
-    ]
-    inputs = [x.requires_grad_() for x in inputs]
-    do = torch.randn(batch, T, HV, V, device=dev, dtype=bf16)
+    shape = Shape(f"{kind}_check", batch, cfg.train.seq_len, c.num_key_heads, c.num_value_heads, c.key_head_dim,
+                  c.value_head_dim, delta=True, per_key=kind == "kda")
+    lift_hopper_guard()
+    call, inputs, do = recurrent_case(shape)
+    out = call(*inputs)[0]
+    grads = torch.autograd.grad(out, inputs, do)
 
     def heads(x: torch.Tensor) -> torch.Tensor:  # value head i reads q/k head i // (HV // H), as FLA's layers do
-        return x.repeat_interleave(HV // H, dim=2)
+        return x.repeat_interleave(shape.HV // shape.H, dim=2)
 
-    chunk_o.TRITON_ABOVE_3_7_1 = True
-    kernel = chunk_kda if kind == "kda" else chunk_gated_delta_rule
-    q, k, v, g, beta = inputs
-    out = kernel(heads(q), heads(k), v, g, beta, use_qk_l2norm_in_kernel=True)[0]
-    grads = torch.autograd.grad(out, inputs, do)
     ref_inputs = [x.detach().float().requires_grad_() for x in inputs]
     q, k, v, g, beta = ref_inputs
-    ref = chunked_recurrence(F.normalize(heads(q), dim=-1), F.normalize(heads(k), dim=-1), v, g, beta, K**-0.5)
+    ref = chunked_recurrence(F.normalize(heads(q), dim=-1), F.normalize(heads(k), dim=-1), v, g, beta,
+                             shape.K**-0.5)
     ref_grads = torch.autograd.grad(ref, ref_inputs, do.float())
 
     def rel_rms(x: torch.Tensor, r: torch.Tensor) -> float:
@@ -109,8 +98,8 @@ def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
     errors = dict(out=rel_rms(out, ref), **{f"d{n}": rel_rms(a, b) for n, a, b in zip(
         ("q", "k", "v", "g", "beta"), grads, ref_grads, strict=True)})
     ok = errors["out"] <= GUARD_TOL["out"] and all(e <= GUARD_TOL["grad"] for n, e in errors.items() if n != "out")
-    return dict(kernel=kernel.__name__, shape=dict(B=batch, T=T, H=H, HV=HV, K=K, V=V), errors=errors,
-                tol=GUARD_TOL, ok=ok, triton=__import__("triton").__version__,
+    return dict(kernel="chunk_kda" if kind == "kda" else "chunk_gated_delta_rule", shape=dataclasses.asdict(shape),
+                errors=errors, tol=GUARD_TOL, ok=ok, triton=__import__("triton").__version__,
                 device=torch.cuda.get_device_name())
 
 
