@@ -84,8 +84,7 @@ def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
         beta = x.get("beta")
         if impl == "pallas":
             o, _ = chunk_recurrence(
-                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, config=config,
-                interpret=interpret,
+                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, config=config, interpret=interpret
             )
         else:
             o, _ = reference.chunked_recurrence(x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta)
@@ -185,12 +184,15 @@ def parse_variant(text: str) -> dict[str, object]:
 
 
 def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, repeats: int) -> dict:
-    """fwd and fwd+bwd ms of one form of the kernels, and its errors against the reference: the output's, and the
-    largest of the output's and every gradient's."""
+    """fwd and fwd+bwd ms of one form of the kernels, and its errors against the reference: the output's
+    (``err_o``), each gradient's (``err_dNAME``), their largest (``max_err``), and ``ok`` (output <= 5e-3,
+    gradients <= 2e-2)."""
     o, grads = fwd_bwd(x, do)
-    err_o = rel_rms(o, o_ref)
-    return dict(fwd_ms=median_ms(fwd, x, repeats=repeats), fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats),
-                err_o=err_o, max_err=max([err_o] + [rel_rms(grads[n], g_ref[n]) for n in x]))
+    res = dict(fwd_ms=median_ms(fwd, x, repeats=repeats), fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats),
+               err_o=rel_rms(o, o_ref), **{f"err_d{n}": rel_rms(grads[n], g_ref[n]) for n in x})
+    res["max_err"] = max(v for n, v in res.items() if n.startswith("err_"))
+    res["ok"] = res["err_o"] <= 5e-3 and all(res[f"err_d{n}"] <= 2e-2 for n in x)
+    return res
 
 
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
@@ -198,21 +200,13 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
     x = inputs(s)
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
     cfg = recurrent_config(per_key=s.per_key)
-    fwd, fwd_bwd = make_fns(s, "pallas", cfg, interpret)
-    res = dict(
-        dataclasses.asdict(s),
-        fwd_ms=median_ms(fwd, x, repeats=repeats),
-        fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats),
-    )
     # correctness: our bf16 kernels vs the XLA form in float32 on the same inputs
     xf = {n: a.astype(jnp.float32) for n, a in x.items()}
     _, ref_fwd_bwd = make_fns(s, "xla")
     with jax.default_matmul_precision("highest"):  # the default lets float32 dots use TF32 on NVIDIA GPUs
         o_ref, g_ref = ref_fwd_bwd(xf, do.astype(jnp.float32))
-    o, grads = fwd_bwd(x, do)
-    res["err_o"] = rel_rms(o, o_ref)
-    res.update({f"err_d{n}": rel_rms(grads[n], g_ref[n]) for n in x})
-    res["ok"] = res["err_o"] <= 5e-3 and all(res[f"err_d{n}"] <= 2e-2 for n in x)
+    res = dict(dataclasses.asdict(s), **time_and_check(*make_fns(s, "pallas", cfg, interpret), x, do, o_ref, g_ref,
+                                                         repeats))
     if other_grad and s.delta:  # the other gradient-pass variant (fused <-> split in two launches), same checks
         split = cfg.split_grad_from is not None and s.K * s.V >= cfg.split_grad_from
         other = dataclasses.replace(cfg, split_grad_from=None if split else 0)
@@ -291,7 +285,7 @@ def main() -> None:
             r["over_gdn_fwd"], r["over_gdn_fwdbwd"] = r["fwd_ms"] / gdn["fwd_ms"], r["fwdbwd_ms"] / gdn["fwdbwd_ms"]
             print(f"{s.name}: / our GDN  fwd {r['over_gdn_fwd']:.2f}x  fwd+bwd {r['over_gdn_fwdbwd']:.2f}x", flush=True)
         results[s.name] = r
-        err = max(v for n, v in r.items() if n.startswith("err_"))
+        err = r["max_err"]
         ratio = f"{r['ratio_fwd']:7.2f} {r['ratio_fwdbwd']:7.2f}" if "ratio_fwd" in r else f"{'-':>7} {'-':>7}"
         print(
             f"{s.name:<12} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {ratio} {100 * r['fwd_mfu']:6.1f} "
