@@ -90,11 +90,11 @@ def _masked_exp(diff: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
-def _last(x: jax.Array) -> jax.Array:
-    """The last row of a gate tile: ``gamma_last``, a scalar (``[C]`` gate) or ``[K]`` (``[C, K]`` gate); a masked
-    sum, since Triton has no dynamic element extraction."""
+def _row(x: jax.Array, index: int) -> jax.Array:
+    """Row ``index`` of a gate tile: a scalar (``[C]`` gate) or ``[K]`` (``[C, K]`` gate); a masked sum, since Triton
+    has no dynamic element extraction. ``_row(gam, -1)`` is ``gamma_last``."""
     idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
-    return jnp.sum(jnp.where(idx == x.shape[0] - 1, x, 0.0), axis=0)
+    return jnp.sum(jnp.where(idx == index % x.shape[0], x, 0.0), axis=0)
 
 
 def _col(x: jax.Array) -> jax.Array:
@@ -221,17 +221,11 @@ def _store_lower(ref, m: list[list[jax.Array]]) -> None:
             ref[pl.ds(i * S, S), pl.ds(j * S, S)] = x.astype(ref.dtype)
 
 
-def _first(x: jax.Array) -> jax.Array:
-    """The first row of a ``[S, K]`` gate block, as ``[1, K]`` (a masked sum, as in :func:`_last`)."""
-    idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
-    return jnp.sum(jnp.where(idx == 0, x, 0.0), axis=0)[None, :]
-
-
 def _cross_factors(gam_i: jax.Array, gam_j: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(exp(gamma_i - r), exp(r - gamma_j))`` for the rows of block ``i`` and of an earlier block ``j``, around
     ``r`` = gamma at block ``i``'s first row: both <= 1 (``gamma`` is non-increasing), and their product is
     ``exp(gamma_i - gamma_j)``; no gate after row ``i`` is read."""
-    r = _first(gam_i)
+    r = _row(gam_i, 0)[None, :]
     return jnp.exp(gam_i - r), jnp.exp(r - gam_j)
 
 
@@ -360,7 +354,7 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
         h_ref[c] = s.astype(h_ref.dtype)
         k = k_ref[rows, :]
         gam = gam_ref[rows]
-        gl = _last(gam)
+        gl = _row(gam, -1)
         vn = u_ref[rows, :].astype(F32)
         if delta:
             vn = vn - _dot(w_ref[rows, :], s.astype(cd))
@@ -404,7 +398,7 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
         q = q_ref[rows, :]
         k = k_ref[rows, :]
         gam = gam_ref[rows]
-        gl = _last(gam)
+        gl = _row(gam, -1)
         do = do_ref[rows, :]
         if p_ref is None:
             p_t = (_dot(k, q.T) * _masked_exp(gam[None, :] - gam[:, None], i <= j) * scale).astype(cd)
@@ -443,7 +437,7 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
     # The order of the operations is the one the Triton compiler was tuned with (see _wy_kernel).
     qf, kf = [x.astype(F32) for x in q], [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
-    gl = _last(gam[-1])
+    gl = _row(gam[-1], -1)
 
     # o = (scale Q exp(gamma)) h + P v_new,  P = scale _gram(Q, K) (inclusive lower)
     dq = [_dot(x, h.T) * scale * _col(jnp.exp(g)) for x, g in zip(do, gam, strict=True)]
