@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from ml_collections import ConfigDict
 
-NO_DECAY = ("A_log", "dt_bias", "D")
+from hybrid_jax.train.optim import decays
 
 
-def decays(name: str, ndim: int) -> bool:
-    """Our weight-decay rule for a PyTorch parameter name (``a.b.A_log``) and its number of dimensions."""
-    return ndim >= 2 and name.rsplit(".", 1)[-1] not in NO_DECAY
+def param_decays(name: str, ndim: int) -> bool:
+    """Our weight-decay rule (:func:`hybrid_jax.train.optim.decays`) for a PyTorch parameter name (``a.b.A_log``)."""
+    return decays(name.rsplit(".", 1)[-1], ndim)
 
 
 def make_optimizer(model, train_cfg: ConfigDict):
@@ -28,8 +28,8 @@ def make_optimizer(model, train_cfg: ConfigDict):
     import torch
 
     named = list(model.named_parameters())
-    groups = [dict(params=[p for n, p in named if decays(n, p.ndim)], weight_decay=train_cfg.weight_decay),
-              dict(params=[p for n, p in named if not decays(n, p.ndim)], weight_decay=0.0)]
+    groups = [dict(params=[p for n, p in named if param_decays(n, p.ndim)], weight_decay=train_cfg.weight_decay),
+              dict(params=[p for n, p in named if not param_decays(n, p.ndim)], weight_decay=0.0)]
     return torch.optim.AdamW(groups, lr=0.0, betas=(train_cfg.b1, train_cfg.b2), eps=train_cfg.eps)
 
 

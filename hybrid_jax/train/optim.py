@@ -29,14 +29,18 @@ def learning_rate_schedule(train_cfg: ConfigDict) -> optax.Schedule:
     )
 
 
+def decays(name: str, ndim: int) -> bool:
+    """The weight-decay rule for a parameter's (last) name and number of dimensions."""
+    return ndim >= 2 and name not in NO_DECAY
+
+
 def decay_mask(params: Any) -> Any:
-    """Pytree of bools like ``params``: True where weight decay applies (ndim >= 2 and name not in NO_DECAY)."""
+    """Pytree of bools like ``params``: True where weight decay applies (:func:`decays`)."""
 
-    def decays(path, leaf) -> bool:
-        name = getattr(path[-1], "key", getattr(path[-1], "name", str(path[-1])))
-        return leaf.ndim >= 2 and name not in NO_DECAY
+    def leaf_decays(path, leaf) -> bool:
+        return decays(getattr(path[-1], "key", getattr(path[-1], "name", str(path[-1]))), leaf.ndim)
 
-    return jax.tree_util.tree_map_with_path(decays, params)
+    return jax.tree_util.tree_map_with_path(leaf_decays, params)
 
 
 def make_optimizer(train_cfg: ConfigDict) -> optax.GradientTransformation:

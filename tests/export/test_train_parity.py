@@ -14,7 +14,7 @@ from flax import nnx  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from hybrid_jax.data import make_train_iterator  # noqa: E402
-from hybrid_jax.export.torch_parity import decays, train_torch  # noqa: E402
+from hybrid_jax.export.torch_parity import param_decays, train_torch  # noqa: E402
 from hybrid_jax.export.writer import export_model  # noqa: E402
 from hybrid_jax.model import HybridLM  # noqa: E402
 from hybrid_jax.train.loop import train  # noqa: E402
@@ -25,12 +25,12 @@ STEPS = 12
 
 
 def test_decay_rule_matches_ours():
-    assert decays("model.layers.0.mixer.in_proj.weight", 2)
-    assert decays("model.layers.0.mixer.conv1d.weight", 3)
-    assert not decays("model.layers.0.mixer.A_log", 2)  # never, whatever its shape
-    assert not decays("model.layers.0.mixer.dt_bias", 1)
-    assert not decays("model.layers.0.mixer.D", 1)
-    assert not decays("model.norm.weight", 1)
+    assert param_decays("model.layers.0.mixer.in_proj.weight", 2)
+    assert param_decays("model.layers.0.mixer.conv1d.weight", 3)
+    assert not param_decays("model.layers.0.mixer.A_log", 2)  # never, whatever its shape
+    assert not param_decays("model.layers.0.mixer.dt_bias", 1)
+    assert not param_decays("model.layers.0.mixer.D", 1)
+    assert not param_decays("model.norm.weight", 1)
 
 
 def test_losses_match_a_pytorch_loop_step_by_step(tmp_path):
