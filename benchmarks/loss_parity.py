@@ -1,7 +1,7 @@
 """Loss parity with FLA (or our PyTorch export) over a short training run: same weights, batches and optimizer.
 
     python3 -m benchmarks.loss_parity [--reference fla|hf] [--config configs/zebra_300m_gdn.py] [--steps 200] \
-        [--batch 8] [--seq-len 2048] [--tol 0.01] [--data TOKENS_DIR] [--lift-fla-guard]
+        [--batch 8] [--seq-len 2048] [--tol 0.01] [--data TOKENS_DIR] [--lift-fla-guard] [--reference-losses JSON]
 
 Needs a GPU with ``flash-linear-attention`` and PyTorch; both frameworks share the GPU, so run it with
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (JAX otherwise takes 75% of the memory up front). FLA's model of the
@@ -27,6 +27,11 @@ whole vocabulary, which a 300M model barely learns in 200 steps: 11.97 -> 11.94)
 the same loop instead: an independent implementation of the same model, which runs where FLA's guard refuses.
 (On CPU, ``tests/export/test_train_parity.py`` checks that loop against our trainer in float32 to 2e-6.)
 
+The reference's curve is written as soon as it is done (``$OUT/loss_parity_REFERENCE_reference.json``, with a
+digest of the initial weights), so a run cut off during our side keeps it; ``--reference-losses FILE`` then reuses
+it instead of training the reference again. The initial weights are made again (FLA's init is seeded, ours is the
+trainer's), and the run stops unless their digest and the run's settings equal the file's.
+
 Pass: every step's relative loss difference <= ``--tol``. Writes ``$OUT/loss_parity_REFERENCE.json`` (both curves)
 and ``$OUT/loss_parity_REFERENCE.png``.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import tempfile
@@ -134,10 +140,20 @@ def hf_model(cfg, tmp: Path):
     return model.to("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def weights_digest(folder: Path) -> str:
+    """SHA-256 of the ``*.safetensors`` files in ``folder`` (in name order): the same digest means the same weights."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
 def train_ours(cfg) -> list[float]:
     from hybrid_jax.train.loop import train
 
-    train(cfg, log=lambda *a: None)
+    train(cfg, log=lambda message: print(message, flush=True) if isinstance(message, str) else None)
     records = [json.loads(line) for line in (Path(cfg.train.workdir) / "metrics.jsonl").read_text().splitlines()]
     by_step = {r["step"]: r["loss"] for r in records if "loss" in r}
     return [by_step[s] for s in range(1, cfg.train.steps + 1)]
@@ -176,6 +192,9 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="token shards (python -m hybrid_jax.prepare) instead of mock batches")
     ap.add_argument("--lift-fla-guard", action="store_true",
                     help="fla: lift FLA's Hopper guard on its gated backward if its kernel passes check_fla_kernel")
+    ap.add_argument("--reference-losses", default=None, metavar="JSON",
+                    help="the reference's curve from an earlier run's loss_parity_REFERENCE_reference.json "
+                         "(same settings and initial weights) instead of training the reference again")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") != "false":
@@ -194,43 +213,55 @@ def main() -> None:
         tmp = Path(tmp)
         cfg = parity_config(args.config, steps=args.steps, batch=args.batch, seq_len=args.seq_len,
                             workdir=str(tmp / "run"), data=args.data)
-        guard = None
-        if args.reference == "fla" and args.lift_fla_guard:
+        saved = json.loads(Path(args.reference_losses).read_text()) if args.reference_losses else None
+        guard = saved.get("guard_check") if saved else None
+        if args.reference == "fla" and args.lift_fla_guard and not saved:
             guard = check_fla_kernel(cfg)
             print(f"FLA kernel check with the guard lifted: {json.dumps(guard)}", flush=True)
             if not guard["ok"]:
                 (out / "loss_parity_fla.json").write_text(json.dumps(dict(ok=False, guard_check=guard), indent=1))
                 raise SystemExit("FLA's kernel fails the check with its guard lifted: no parity run")
         if args.reference == "fla":
-            model = fla_model(cfg, tmp)
-            cfg = import_fla(tmp / "fla_init", tmp / "run", cfg)  # ours starts from FLA's weights
+            model, init = fla_model(cfg, tmp), tmp / "fla_init"
+            cfg = import_fla(init, tmp / "run", cfg)  # ours starts from FLA's weights
         else:
-            model = hf_model(cfg, tmp)  # ours starts from its own init (same seed): the weights exported
+            model, init = hf_model(cfg, tmp), tmp / "hf"  # ours starts from its own init (same seed), exported
         import torch
 
-        data = make_train_iterator(cfg)
-        batches = [np.asarray(next(data)) for _ in range(args.steps)]
-        schedule = learning_rate_schedule(cfg.train)
-        t0 = time.perf_counter()
-        try:
-            theirs = train_torch(model, batches, cfg.train, lambda step: float(schedule(step)),
-                                 autocast_dtype=torch.bfloat16, log=lambda s: print(f"{args.reference} {s}"))
-        except RuntimeError as e:  # e.g. FLA refusing its gated backward on Hopper under Triton < 3.7.1
-            failure = dict(ok=False, error=str(e), guard_check=guard)
-            (out / f"loss_parity_{args.reference}.json").write_text(json.dumps(failure, indent=1))
-            raise SystemExit(f"the reference's training step failed, no parity run: {e}") from None
-        ref_s = time.perf_counter() - t0
+        settings = dict(config=cfg.model.name, reference=args.reference, steps=args.steps, batch=args.batch,
+                        seq_len=args.seq_len, data=args.data or "mock", init_digest=weights_digest(init))
+        if saved:
+            differ = {k: dict(this_run=v, file=saved.get(k)) for k, v in settings.items() if saved.get(k) != v}
+            if differ:
+                raise SystemExit(f"--reference-losses {args.reference_losses} comes from another run: {differ}")
+            theirs, ref_s = saved["reference_losses"], saved["reference_wall_s"]
+            print(f"reference curve from {args.reference_losses} ({len(theirs)} steps)", flush=True)
+        else:
+            data = make_train_iterator(cfg)
+            batches = [np.asarray(next(data)) for _ in range(args.steps)]
+            schedule = learning_rate_schedule(cfg.train)
+            t0 = time.perf_counter()
+            try:
+                theirs = train_torch(model, batches, cfg.train, lambda step: float(schedule(step)),
+                                     autocast_dtype=torch.bfloat16,
+                                     log=lambda s: print(f"{args.reference} {s} ({time.perf_counter() - t0:.1f} s)"))
+            except RuntimeError as e:  # e.g. FLA refusing its gated backward on Hopper under Triton < 3.7.1
+                failure = dict(ok=False, error=str(e), guard_check=guard)
+                (out / f"loss_parity_{args.reference}.json").write_text(json.dumps(failure, indent=1))
+                raise SystemExit(f"the reference's training step failed, no parity run: {e}") from None
+            ref_s = time.perf_counter() - t0
+            (out / f"loss_parity_{args.reference}_reference.json").write_text(json.dumps(
+                dict(settings, guard_check=guard, reference_wall_s=ref_s, reference_losses=theirs), indent=1))
         del model
         torch.cuda.empty_cache()
         t0 = time.perf_counter()
         ours = train_ours(cfg)
         ours_s = time.perf_counter() - t0
     diff = np.abs(np.asarray(ours) - np.asarray(theirs)) / np.asarray(theirs)
-    result = dict(config=cfg.model.name, reference=args.reference, steps=args.steps, batch=args.batch,
-                  seq_len=args.seq_len, data=args.data or "mock", guard_check=guard,
-                  device=jax.devices()[0].device_kind, tol=args.tol, max_rel_diff=float(diff.max()),
-                  max_rel_diff_step=int(diff.argmax()) + 1, mean_rel_diff=float(diff.mean()),
-                  ok=bool(diff.max() <= args.tol), first=(ours[0], theirs[0]), last=(ours[-1], theirs[-1]),
+    result = dict(settings, guard_check=guard, device=jax.devices()[0].device_kind, tol=args.tol,
+                  max_rel_diff=float(diff.max()), max_rel_diff_step=int(diff.argmax()) + 1,
+                  mean_rel_diff=float(diff.mean()), ok=bool(diff.max() <= args.tol),
+                  first=(ours[0], theirs[0]), last=(ours[-1], theirs[-1]),
                   reference_wall_s=ref_s, ours_wall_s=ours_s, ours=ours, reference_losses=theirs)
     print(json.dumps({k: v for k, v in result.items() if k not in ("ours", "reference_losses")}), flush=True)
     (out / f"loss_parity_{args.reference}.json").write_text(json.dumps(result, indent=1))

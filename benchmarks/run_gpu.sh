@@ -23,7 +23,9 @@
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
 #                            (env PARITY_REFERENCE fla|hf, PARITY_BATCH; PARITY_DATA: token shards from
 #                            'python -m hybrid_jax.prepare', carried, instead of mock batches; with fla, FLA's Hopper
-#                            guard is lifted only if its kernel passes loss_parity's check)
+#                            guard is lifted only if its kernel passes loss_parity's check; PARITY_REFERENCE_LOSSES:
+#                            the reference curve of an earlier run, loss_parity_fla_reference.json, instead of
+#                            training the reference again)
 #   scaling                  300M GDN on one GPU, then data parallel on all GPUs with and without ZeRO-1
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -98,7 +100,8 @@ run_part() {
                  --extra-compiles 1 2>&1 | tee "$OUT/max_batch.log" ;;
     loss_parity) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 590 python3 -m benchmarks.loss_parity \
                  --reference "${PARITY_REFERENCE:-fla}" --batch "${PARITY_BATCH:-8}" --lift-fla-guard \
-                 ${PARITY_DATA:+--data "$PARITY_DATA"} 2>&1 | tee "$OUT/loss_parity.log" ;;
+                 ${PARITY_DATA:+--data "$PARITY_DATA"} ${PARITY_REFERENCE_LOSSES:+--reference-losses \
+                 "$PARITY_REFERENCE_LOSSES"} 2>&1 | tee "$OUT/loss_parity.log" ;;
     steps300)  timeout 300 python3 -m hybrid_jax.train --config configs/zebra_300m_gdn.py \
                  --config.train.global_batch_size=32 --config.train.steps=300 --config.train.log_every=25 \
                  --config.train.save_every=300 --config.train.workdir=/tmp/run300 2>&1 | tee "$OUT/steps300.log"
