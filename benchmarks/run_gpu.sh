@@ -18,8 +18,9 @@
 #                            step summary (top device ops)
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
-#   fits fits_1b             300M / 1B GDN: real steps at growing micro-batches (env FITS_SIZES, FITS_1B_SIZES) up to
-#                            the first that fails (env FITS_REMAT: none, the default, or full)
+#   fits                     real steps at growing micro-batches, per config up to the first size that fails (env
+#                            FITS_PLAN: "CONFIG=SIZE,SIZE... ...", default 300M GDN 96-128 and 1B GDN 32-48;
+#                            FITS_REMAT: none, the default, or full)
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
 #                            (env PARITY_REFERENCE fla|hf, PARITY_BATCH; PARITY_DATA: token shards from
 #                            'python -m hybrid_jax.prepare', carried, instead of mock batches; with fla, FLA's Hopper
@@ -52,6 +53,7 @@ ours_train() {  # config, extra flags...
 fits() {  # config, micro-batches: real train steps at each size until one fails (out of memory)
   local c=$1 m; shift
   for m in "$@"; do
+    echo "--- fits $c micro-batch $m remat ${FITS_REMAT:-none} $(date +%T)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 ours_train "$c" --config.train.micro_batch_size="$m" --steps 3 --warmup 1 \
       --config.model.remat="${FITS_REMAT:-none}" --out "$OUT/fits_${c}_remat_${FITS_REMAT:-none}_m$m.json" || break
   done
@@ -89,8 +91,10 @@ run_part() {
                mv "$OUT/fla_model.json" "$OUT/fla_train_gdn.json" ;;
     fla_train_kda) timeout 540 python3 .anchors/fla_training.py 32 kda 2>&1 | tee "$OUT/fla_train_kda.log"
                mv "$OUT/fla_model.json" "$OUT/fla_train_kda.json" ;;
-    fits)      fits zebra_300m_gdn ${FITS_SIZES:-96 112 128} ;;
-    fits_1b)   fits zebra_1b_gdn ${FITS_1B_SIZES:-32 40 48} ;;
+    fits)      local entry
+               for entry in ${FITS_PLAN:-zebra_300m_gdn=96,112,128 zebra_1b_gdn=32,40,48}; do
+                 # shellcheck disable=SC2046
+                 fits "${entry%%=*}" $(tr , ' ' <<< "${entry#*=}"); done ;;
     small_ops) timeout 200 python3 -m benchmarks.small_ops --ce-chunks 2048,8192 2>&1 | tee "$OUT/small_ops.log" ;;
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
