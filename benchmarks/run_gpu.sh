@@ -18,9 +18,9 @@
 #                            step summary (top device ops)
 #   fla_train fla_train_kda  FLA's 300M GDN / KDA training (the reference's anchor script)
 #   small_ops sublayers max_batch             fused-op roofline, time per sublayer kind, largest micro-batch
-#   fits                     real steps at growing micro-batches, per config up to the first size that fails (env
-#                            FITS_PLAN: "CONFIG=SIZE,SIZE... ...", default 300M GDN 96-128 and 1B GDN 32-48;
-#                            FITS_REMAT: none, the default, or full)
+#   fits fits_remat          real steps at growing micro-batches, per config up to the first size that fails, without
+#                            remat / with full remat (env FITS_PLAN / FITS_REMAT_PLAN: "CONFIG=SIZE,SIZE... ...",
+#                            defaults 300M GDN 96-128 and 1B GDN 32-48 / 300M GDN 192-320 and 1B GDN 64-128)
 #   steps300 decode fla_parity loss_parity    a 300-step run, decoding, FLA-side parity, 200-step loss parity
 #                            (env PARITY_REFERENCE fla|hf, PARITY_BATCH; PARITY_DATA: token shards from
 #                            'python -m hybrid_jax.prepare', carried, instead of mock batches; with fla, FLA's Hopper
@@ -50,12 +50,15 @@ ours_train() {  # config, extra flags...
     --out "$OUT/train_$c.json" "$@" 2>&1 | tail -120 | tee "$OUT/train_$c.log"
 }
 
-fits() {  # config, micro-batches: real train steps at each size until one fails (out of memory)
-  local c=$1 m; shift
-  for m in "$@"; do
-    echo "--- fits $c micro-batch $m remat ${FITS_REMAT:-none} $(date +%T)"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 ours_train "$c" --config.train.micro_batch_size="$m" --steps 3 --warmup 1 \
-      --config.model.remat="${FITS_REMAT:-none}" --out "$OUT/fits_${c}_remat_${FITS_REMAT:-none}_m$m.json" || break
+fits() {  # remat, "CONFIG=SIZE,SIZE..." entries: real train steps at each size until one fails (out of memory)
+  local remat=$1 entry c sizes m; shift
+  for entry in "$@"; do
+    c=${entry%%=*}; sizes=${entry#*=}
+    for m in ${sizes//,/ }; do
+      echo "--- fits $c micro-batch $m remat $remat $(date +%T)"
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 ours_train "$c" --config.train.micro_batch_size="$m" --steps 3 --warmup 1 \
+        --config.model.remat="$remat" --out "$OUT/fits_${c}_remat_${remat}_m$m.json" || break
+    done
   done
 }
 
@@ -91,10 +94,8 @@ run_part() {
                mv "$OUT/fla_model.json" "$OUT/fla_train_gdn.json" ;;
     fla_train_kda) timeout 540 python3 .anchors/fla_training.py 32 kda 2>&1 | tee "$OUT/fla_train_kda.log"
                mv "$OUT/fla_model.json" "$OUT/fla_train_kda.json" ;;
-    fits)      local entry
-               for entry in ${FITS_PLAN:-zebra_300m_gdn=96,112,128 zebra_1b_gdn=32,40,48}; do
-                 # shellcheck disable=SC2046
-                 fits "${entry%%=*}" $(tr , ' ' <<< "${entry#*=}"); done ;;
+    fits)      fits none ${FITS_PLAN:-zebra_300m_gdn=96,112,128 zebra_1b_gdn=32,40,48} ;;
+    fits_remat) fits full ${FITS_REMAT_PLAN:-zebra_300m_gdn=192,256,320 zebra_1b_gdn=64,96,128} ;;
     small_ops) timeout 200 python3 -m benchmarks.small_ops --ce-chunks 2048,8192 2>&1 | tee "$OUT/small_ops.log" ;;
     sublayers) timeout 200 python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py \
                  --config configs/zebra_300m_mamba2_hybrid.py --config configs/zebra_300m_kda.py 2>&1 \
