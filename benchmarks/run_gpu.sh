@@ -8,8 +8,9 @@
 #   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
 #   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda)
 #   kda kda_autotune         our KDA kernels (the table's chunk, chunks 32/64, fused or split gradient pass) beside our
-#                            GDN (env KDA_SHAPES, KDA_VARIANTS); a launch sweep at KDA shapes (env KDA_START, e.g.
-#                            chunk=64: from that entry)
+#                            GDN (env KDA_SHAPES, KDA_VARIANTS: set and empty for none); a launch sweep at KDA
+#                            shapes (env KDA_TUNE_SHAPES, KDA_TUNE_BUDGET seconds, KDA_START, e.g. chunk=64: from
+#                            that entry)
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
@@ -71,12 +72,14 @@ run_part() {
     fla_ref_kda) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only kda_300m kda_1b kda_anchor \
                  2>&1 | tee "$OUT/fla_reference_kda.log" ;;
     kda)       local v variants=()
-               for v in ${KDA_VARIANTS:-chunk=32 chunk=64 chunk=32,split_grad_from=none split_grad_from=none}; do
+               for v in ${KDA_VARIANTS-chunk=32 chunk=64 chunk=32,split_grad_from=none split_grad_from=none}; do
                  variants+=(--variant "$v"); done
                # shellcheck disable=SC2086
                timeout 300 python3 -m benchmarks.kernels --only ${KDA_SHAPES:-gdn_anchor kda_anchor kda_300m kda_1b} \
                  "${variants[@]}" 2>&1 | tee "$OUT/kda_kernels.log" ;;
-    kda_autotune) timeout 240 python3 -m benchmarks.autotune --shape kda_300m kda_1b kda_anchor --budget-s 200 \
+    kda_autotune) # shellcheck disable=SC2086
+                 timeout $((${KDA_TUNE_BUDGET:-200} + 40)) python3 -m benchmarks.autotune \
+                 --shape ${KDA_TUNE_SHAPES:-kda_300m kda_1b kda_anchor} --budget-s "${KDA_TUNE_BUDGET:-200}" \
                  --repeats 5 --start "${KDA_START:-}" 2>&1 | tee "$OUT/kda_autotune.log" ;;
     attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
     sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;
