@@ -69,7 +69,7 @@ run_part() {
     fla_ref)   timeout 270 python3 -m benchmarks.fla_reference --no-attention 2>&1 | tee "$OUT/fla_reference.log" ;;
     fla_ref_rest) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only ssd_anchor gdn_300m gdn_1b \
                  mamba2_300m kda_anchor kda_300m kda_1b 2>&1 | tee "$OUT/fla_reference_rest.log" ;;
-    fla_ref_kda) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only kda_300m kda_1b kda_anchor \
+    fla_ref_kda) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only kda_anchor kda_300m kda_1b \
                  2>&1 | tee "$OUT/fla_reference_kda.log" ;;
     kda)       local v variants=()
                for v in ${KDA_VARIANTS-chunk=32 chunk=64 chunk=32,split_grad_from=none split_grad_from=none}; do
