@@ -220,6 +220,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         v_cfg = dataclasses.replace(cfg, **parse_variant(variant))  # overflow) is recorded, not fatal to the shape
         try:
             v_res = time_and_check(*make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
+            v_res["stages_ms"] = {n: stage_ms(n, a, v_cfg, repeats, interpret=interpret)
+                                  for n, a in stage_args(s, v_cfg, interpret=interpret).items()}
         except Exception as e:  # noqa: BLE001
             v_res = {"error": f"{type(e).__name__}: {e}"[:2000]}
         res.setdefault("variants", {})[variant] = v_res
@@ -260,7 +262,7 @@ def main() -> None:
     )
     print(
         f"device {jax.devices()[0].device_kind}  arch {current_arch()}  jax {jax.__version__}  "
-        f"config {recurrent_config()}",
+        f"config {recurrent_config()}  KDA config {recurrent_config(per_key=True)}",
         flush=True,
     )
     results = {}
@@ -298,7 +300,8 @@ def main() -> None:
         for variant, v in r.get("variants", {}).items():
             print(f"{'':13}{variant}: " + (f"FAILED {v['error'][:300]}" if "error" in v else
                   f"fwd {v['fwd_ms']:.3f} ms, fwd+bwd {v['fwdbwd_ms']:.3f} ms, err o {v['err_o']:.1e}, "
-                  f"max err {v['max_err']:.1e}"), flush=True)
+                  f"max err {v['max_err']:.1e}; " + "  ".join(f"{n} {ms:.3f}" for n, ms in v["stages_ms"].items())),
+                  flush=True)
         if "other_grad" in r:
             o = r["other_grad"]
             print(f"{'':13}{'split' if o['split'] else 'fused'} gradient pass: fwd+bwd {o['fwdbwd_ms']:.3f} ms, "
