@@ -150,6 +150,19 @@ def weights_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def saved_reference(saved: dict, settings: dict, name: str) -> tuple[list[float], float]:
+    """The reference's losses and wall time from an earlier run's ``loss_parity_REFERENCE_reference.json``
+    (``saved``), named ``name`` in errors; SystemExit unless every field of ``settings`` (the run's settings and
+    initial weights' digest) equals the file's and the file has a loss for every step."""
+    differ = {k: dict(this_run=v, file=saved.get(k)) for k, v in settings.items() if saved.get(k) != v}
+    if differ:
+        raise SystemExit(f"--reference-losses {name} comes from another run: {differ}")
+    losses = saved.get("reference_losses") or []
+    if len(losses) != settings["steps"]:
+        raise SystemExit(f"--reference-losses {name} has {len(losses)} losses for {settings['steps']} steps")
+    return losses, saved["reference_wall_s"]
+
+
 def train_ours(cfg) -> list[float]:
     from hybrid_jax.train.loop import train
 
@@ -231,10 +244,7 @@ def main() -> None:
         settings = dict(config=cfg.model.name, reference=args.reference, steps=args.steps, batch=args.batch,
                         seq_len=args.seq_len, data=args.data or "mock", init_digest=weights_digest(init))
         if saved:
-            differ = {k: dict(this_run=v, file=saved.get(k)) for k, v in settings.items() if saved.get(k) != v}
-            if differ:
-                raise SystemExit(f"--reference-losses {args.reference_losses} comes from another run: {differ}")
-            theirs, ref_s = saved["reference_losses"], saved["reference_wall_s"]
+            theirs, ref_s = saved_reference(saved, settings, args.reference_losses)
             print(f"reference curve from {args.reference_losses} ({len(theirs)} steps)", flush=True)
         else:
             data = make_train_iterator(cfg)
