@@ -128,7 +128,7 @@ def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
     _, p = chunk_pallas.output(st, *args["output"])
     args["state_bwd"] = (q, k, gam, w, p, do, h0)
     dh, dvn, _ = chunk_pallas.state_bwd(st, *args["state_bwd"])
-    args["grad"] = (q, k, v, beta, gam, u, w, t, h, dh, vn, dvn if s.delta else None, do)
+    args["grad"] = (q, k, v, beta, gam, t, h, dh, vn, dvn if s.delta else None, do)
     return args
 
 
@@ -155,14 +155,14 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     inv = 2 * 2 * C**3 * (np.log2(C) - 1)  # block-doubling inverse, float32
     flops_f = (cc * (2 * K + V) + inv if d else 0) + ckv * (2 if d else 1) + cc * (K + V) + ckv
     flops_b = cc * (K + V) + ckv * (3 if d else 2)  # reverse state pass
-    flops_b += 2 * ckv + cc * (3 * K + V) + (cc * (5 * K + 2 * V) + ckv if d else 0)  # gradient pass
+    flops_b += 2 * ckv + cc * (3 * K + V) + (cc * (3 * K + 2 * V) + ckv if d else 0)  # gradient pass
     snap = 2 * K * V  # one bf16 state snapshot
     bytes_f = (2 * K + 2 * V + 6 + 2 * V + 2 * K + 4 * C) * C if d else 0  # wy
     bytes_f += NV * (2 * K + 4 + (2 * K if d else 0)) * C + (2 * V + (2 * V if d else 0)) * C + snap  # state
     bytes_f += (4 * K + 2 * V + 4 + 2 * V) * C + snap  # output
     bytes_b = (NV * (4 * K + 4 + (2 * K if d else 0)) + 2 * V + 4 * V) * C + snap  # reverse state pass
     bytes_b += (4 * K + 4 + 4 * V + 8 * K + 4) * C + 2 * snap  # gradient pass
-    bytes_b += (2 * V + 2 + 2 * V + 2 * K + 4 * C + 4 * V + 4 * V + 4) * C if d else 0
+    bytes_b += (2 * V + 2 + 2 * V + 4 * C + 4 * V + 4 * V + 4) * C if d else 0  # v, beta, v_new, T, dvn, dv, dbeta
     n = s.B * (s.T // C) * s.HV  # chunk-heads
     return dict(
         fwd_flops=n * flops_f,

@@ -19,6 +19,9 @@ backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_
           ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included; at large K V optionally
                                      split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``)
 
+The WY backward needs neither u nor w: with ``v_new = u - w h``, ``dA = -(T^T dv_new) v_new^T`` and
+``T^T dw = -(T^T dv_new) h^T``, so the backward keeps ``w`` (for the reverse state pass), not ``u``.
+
 XLA glue does the cheap elementwise work: padding (T to a multiple of C, K and V to powers of two),
 the optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the reverse cumsum), and the
 sum of q/k gradients over grouped value heads.
@@ -463,18 +466,20 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
     return dq, dk, dgam
 
 
-def _grad_through_wy(k: list, v: list, b: list, gam: list, u: list, w: list, tc: list, h, dvn: list):
+def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h, dvn: list):
     """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule):
     ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
-    blocks."""
+    blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below)."""
     cd = k[0].dtype
     kf = [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
     eg = [_col(jnp.exp(g)) for g in gam]
     b = [x.astype(F32) for x in b]
-    # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1
+    # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1. With du = dv_new and
+    # dw = -dv_new h^T: T^T dw = -(T^T du) h^T, and dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T
+    # = -(T^T du) (u - w h)^T = -(T^T du) v_new^T (restricted to the strict lower triangle)
     t_du = _lower_matmul_t(tc, [x.astype(cd) for x in dvn])
-    t_dw = [-x for x in _lower_matmul_t(tc, [_dot(x.astype(cd), h.T).astype(cd) for x in dvn])]
+    t_dw = [-_dot(x.astype(cd), h.T) for x in t_du]
     dk, dgam, dv, db = [], [], [], []
     for i in range(len(k)):
         dv.append(t_du[i] * b[i][:, None])
@@ -482,10 +487,8 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, u: list, w: list, tc:
         dk.append(t_dw[i] * b[i][:, None] * eg[i])
         db.append(jnp.sum(t_du[i] * v[i].astype(F32), axis=1) + jnp.sum(x, axis=1))
         dgam.append(_red(x * b[i][:, None], per_key))
-    # dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T, restricted to the strict lower triangle;
     # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
-    da = [[-(_dot(t_du[i].astype(cd), u[j].T) + _dot(t_dw[i].astype(cd), w[j].T)) for j in range(i + 1)]
-          for i in range(len(k))]
+    da = [[-_dot(t_du[i].astype(cd), vn[j].T) for j in range(i + 1)] for i in range(len(k))]
     if per_key:
         y = _block_decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
         db = [x + jnp.sum(yi * ki, axis=1) for x, yi, ki in zip(db, y, kf, strict=True)]
@@ -505,18 +508,18 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, u: list, w: list, tc:
 def _grad_kernel(*refs, scale: float, delta: bool):
     """One chunk: dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part fused in)."""
     if delta:
-        (q_ref, k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
+        (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
     else:
         q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
     per_key = len(gam_ref.shape) == 2
-    k, gam, h = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...]
-    dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], _blocks(vn_ref, per_key),
-                                        _blocks(do_ref, per_key), scale)
+    k, gam, h, vn = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...], _blocks(vn_ref, per_key)
+    dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], vn, _blocks(do_ref, per_key),
+                                        scale)
     if delta:
         dk_wy, dgam_wy, dv, dbeta = _grad_through_wy(
-            k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, *(_blocks(r, per_key) for r in (u_ref, w_ref)),
-            _load_lower(t_ref, per_key), h, _blocks(dvn_ref, per_key))
+            k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, vn, _load_lower(t_ref, per_key), h,
+            _blocks(dvn_ref, per_key))
         _store_blocks(dv_ref, dv)
         _store_blocks(dbeta_ref, dbeta)
         dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
@@ -526,12 +529,12 @@ def _grad_kernel(*refs, scale: float, delta: bool):
     _store_blocks(dgam_ref, dgam)
 
 
-def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref, t_ref, h_ref, dvn_ref,
+def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
                     dk_ref, dgam_ref, dv_ref, dbeta_ref):
     """One chunk, the WY part alone (the split gradient pass): dk, d(gamma), dv, dbeta."""
     per_key = len(gam_ref.shape) == 2
-    k, v, beta, gam, u, w = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, u_ref, w_ref))
-    grads = _grad_through_wy(k, v, beta, gam, u, w, _load_lower(t_ref, per_key), h_ref[...], _blocks(dvn_ref, per_key))
+    k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
+    grads = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...], _blocks(dvn_ref, per_key))
     for ref, blocks in zip((dk_ref, dgam_ref, dv_ref, dbeta_ref), grads, strict=True):
         _store_blocks(ref, blocks)
 
@@ -693,7 +696,7 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht):
     )(*ins)
 
 
-def grad(st: Static, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do):
+def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule
     (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32.
 
@@ -716,18 +719,18 @@ def grad(st: Static, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do):
             return dq, dk, dgam
         dk_wy, dgam_wy, dv, dbeta = _call(
             _grad_wy_kernel, "grad_wy_bwd", st.cfg.grad_wy, st, (B, HV, N),
-            [s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(K), s.tok(st.chunk), s.snap(K, V), s.tok(V)],
+            [s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(st.chunk), s.snap(K, V), s.tok(V)],
             out_specs[1:] + [s.tok(V), s.vec()],
             out_shape[1:] + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
-        )(k, v, beta, gam, u, w, t, h, dvn)
+        )(k, v, beta, gam, vn, t, h, dvn)
         return dq, dk + dk_wy, dgam + dgam_wy, dv, dbeta
     return _call(
         functools.partial(_grad_kernel, scale=st.scale, delta=True), "grad_bwd", st.cfg.grad, st, (B, HV, N),
-        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(K), s.tok(st.chunk),
-         s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V), s.tok(V)],
+        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(st.chunk), s.snap(K, V), s.snap(K, V), s.tok(V),
+         s.tok(V), s.tok(V)],
         out_specs + [s.tok(V), s.vec()],
         out_shape + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
-    )(q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
+    )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
 
 
 def _forward(st: Static, q, k, v, gam, beta, h0):
@@ -735,19 +738,19 @@ def _forward(st: Static, q, k, v, gam, beta, h0):
     u, w, t = wy(st, k, v, gam, beta) if beta is not None else (v, None, None)
     h, vn, ht = state_fwd(st, k, gam, w, u, h0)
     o, p = output(st, q, k, vn, gam, h)
-    return o, ht, (q, k, v, gam, beta, u, w, t, h, vn, p)
+    return o, ht, (q, k, v, gam, beta, w, t, h, vn, p)
 
 
 def _backward(st: Static, res, do, dht):
-    q, k, v, gam, beta, u, w, t, h, vn, p = res
+    q, k, v, gam, beta, w, t, h, vn, p = res
     B, T, H, K = q.shape
     do = do.astype(q.dtype)
     dh, dvn, dh0 = state_bwd(st, q, k, gam, w, p, do, dht)
     if beta is None:
-        dq, dk, dgam = grad(st, q, k, v, None, gam, None, None, None, h, dh, vn, None, do)
+        dq, dk, dgam = grad(st, q, k, v, None, gam, None, h, dh, vn, None, do)
         dv, dbeta = dvn, None
     else:
-        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, u, w, t, h, dh, vn, dvn, do)
+        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
         dbeta = dbeta.astype(beta.dtype)
     group = (B, T, H, v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(q.dtype)
