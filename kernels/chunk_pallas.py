@@ -466,10 +466,12 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
     return dq, dk, dgam
 
 
-def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h, dvn: list):
+def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h, dvn: list, first=None):
     """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule):
     ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
-    blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below)."""
+    blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below). With the key dim tiled, ``k``,
+    ``gam`` and ``h`` are one K tile's, dbeta is that tile's partial sum, and ``first`` says whether it is the first
+    tile (which alone counts dbeta's value-space term)."""
     cd = k[0].dtype
     kf = [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
@@ -485,7 +487,8 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h
         dv.append(t_du[i] * b[i][:, None])
         x = t_dw[i] * kf[i] * eg[i]
         dk.append(t_dw[i] * b[i][:, None] * eg[i])
-        db.append(jnp.sum(t_du[i] * v[i].astype(F32), axis=1) + jnp.sum(x, axis=1))
+        db_v = jnp.sum(t_du[i] * v[i].astype(F32), axis=1)
+        db.append((db_v if first is None else jnp.where(first, db_v, 0.0)) + jnp.sum(x, axis=1))
         dgam.append(_red(x * b[i][:, None], per_key))
     # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
     da = [[-_dot(t_du[i].astype(cd), vn[j].T) for j in range(i + 1)] for i in range(len(k))]
@@ -505,22 +508,33 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h
     return dk, dgam, dv, db
 
 
-def _grad_kernel(*refs, scale: float, delta: bool):
-    """One chunk: dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part fused in)."""
+def _store_once(first, ref, blocks: list[jax.Array]) -> None:
+    """Store value-space blocks, the same in every K tile: in the first tile only when the key dim is tiled
+    (``first`` a traced bool; None: not tiled)."""
+    if first is None:
+        _store_blocks(ref, blocks)
+    else:
+        pl.when(first)(lambda: _store_blocks(ref, blocks))
+
+
+def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool):
+    """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
+    fused in)."""
     if delta:
         (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
     else:
         q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
     per_key = len(gam_ref.shape) == 2
+    first = pl.program_id(3) == 0 if tiled else None
     k, gam, h, vn = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...], _blocks(vn_ref, per_key)
     dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], vn, _blocks(do_ref, per_key),
                                         scale)
     if delta:
         dk_wy, dgam_wy, dv, dbeta = _grad_through_wy(
             k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, vn, _load_lower(t_ref, per_key), h,
-            _blocks(dvn_ref, per_key))
-        _store_blocks(dv_ref, dv)
+            _blocks(dvn_ref, per_key), first)
+        _store_once(first, dv_ref, dv)
         _store_blocks(dbeta_ref, dbeta)
         dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
         dgam = [x + y for x, y in zip(dgam, dgam_wy, strict=True)]
@@ -530,13 +544,18 @@ def _grad_kernel(*refs, scale: float, delta: bool):
 
 
 def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
-                    dk_ref, dgam_ref, dv_ref, dbeta_ref):
-    """One chunk, the WY part alone (the split gradient pass): dk, d(gamma), dv, dbeta."""
+                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool):
+    """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass): dk, d(gamma), dv,
+    dbeta."""
     per_key = len(gam_ref.shape) == 2
+    first = pl.program_id(3) == 0 if tiled else None
     k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
-    grads = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...], _blocks(dvn_ref, per_key))
-    for ref, blocks in zip((dk_ref, dgam_ref, dv_ref, dbeta_ref), grads, strict=True):
-        _store_blocks(ref, blocks)
+    dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...],
+                                           _blocks(dvn_ref, per_key), first)
+    _store_blocks(dk_ref, dk)
+    _store_blocks(dgam_ref, dgam)
+    _store_once(first, dv_ref, dv)
+    _store_blocks(dbeta_ref, dbeta)
 
 
 # ------------------------------------------------------------------------------------------------ pallas calls
@@ -563,24 +582,33 @@ class _Specs:
     def __init__(self, T: int, C: int, group: int, BV: int, gate_k: int | None):
         self.T, self.C, self.G, self.BV, self.gate_k = T, C, group, BV, gate_k
 
-    def gate(self):
-        return self.vec() if self.gate_k is None else self.tok(self.gate_k)
+    def gate(self, D: int | None = None):
+        """The cumulated gate; per key, ``D`` columns (default all) following the K tile."""
+        return self.vec() if self.gate_k is None else self.key_tok(D or self.gate_k)
 
     def gate_seq(self):
         return self.vec_seq() if self.gate_k is None else self.tok_seq(self.gate_k)
 
-    # chunk-parallel
+    # chunk-parallel, grid [B, HV, N] or, with the key dim tiled (gradient pass), [B, HV, N, NK]: the K-dim tiles
+    # (q/k, per-key gate, per-head K-dim tensors, snapshot rows) follow the K tile ``kt``, the others do not
     def qk(self, D):
-        return pl.BlockSpec((None, self.C, None, D), lambda b, h, c: (b, c, h // self.G, 0))
+        return pl.BlockSpec((None, self.C, None, D), lambda b, h, c, kt=0: (b, c, h // self.G, kt))
 
     def tok(self, D):
-        return pl.BlockSpec((None, self.C, None, D), lambda b, h, c: (b, c, h, 0))
+        return pl.BlockSpec((None, self.C, None, D), lambda b, h, c, *_: (b, c, h, 0))
+
+    def key_tok(self, D):
+        return pl.BlockSpec((None, self.C, None, D), lambda b, h, c, kt=0: (b, c, h, kt))
 
     def vec(self):
-        return pl.BlockSpec((None, self.C, None), lambda b, h, c: (b, c, h))
+        return pl.BlockSpec((None, self.C, None), lambda b, h, c, *_: (b, c, h))
+
+    def part(self):
+        """One partial sum per K tile (``[B, T, HV, NK]``), summed by the caller."""
+        return pl.BlockSpec((None, self.C, None, None), lambda b, h, c, kt: (b, c, h, kt))
 
     def snap(self, K, V):
-        return pl.BlockSpec((None, None, None, K, V), lambda b, h, c: (b, c, h, 0, 0))
+        return pl.BlockSpec((None, None, None, K, V), lambda b, h, c, kt=0: (b, c, h, kt, 0))
 
     # sequential over chunks, tiled over V
     def qk_seq(self, D):
@@ -702,35 +730,50 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
 
     With the delta rule and ``K V >= cfg.split_grad_from``, two launches (``grad`` through the output and the
     state update, ``grad_wy`` through the WY transform, summed here) instead of one, so that neither program
-    holds every tile at once (the fused kernel spills registers at large K V)."""
+    holds every tile at once (the fused kernel spills registers at large K V). With ``cfg.block_k < K`` each
+    launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's d(gamma)) comes out as
+    one partial sum per tile, added here."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
     delta = beta is not None
-    out_specs = [s.tok(K), s.tok(K), s.gate()]
-    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), sds(gam.shape, F32)]
+    BK = min(st.cfg.block_k or K, K)
+    tiled = BK < K
+    grid = (B, HV, N, K // BK) if tiled else (B, HV, N)
+    per_k = tiled and gam.ndim == 3  # a scalar gate's d(gamma) sums over K
+
+    def total(x, partial: bool):
+        return jnp.sum(x, axis=-1) if partial else x
+
+    partial, partial_spec = sds((B, T, HV, K // BK), F32), (s.part() if tiled else None)
+    out_specs = [s.key_tok(BK), s.key_tok(BK), s.part() if per_k else s.gate(BK)]
+    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), partial if per_k else sds(gam.shape, F32)]
+    wy_specs = [s.tok(V), partial_spec or s.vec()]
+    wy_shape = [sds((B, T, HV, V), F32), partial if tiled else sds((B, T, HV), F32)]
     if not delta or split:
         dq, dk, dgam = _call(
-            functools.partial(_grad_kernel, scale=st.scale, delta=False), "grad_bwd", st.cfg.grad, st, (B, HV, N),
-            [s.qk(K), s.qk(K), s.gate(), s.snap(K, V), s.snap(K, V), s.tok(V), s.tok(V)],
+            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled), "grad_bwd", st.cfg.grad, st,
+            grid,
+            [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)],
             out_specs, out_shape,
         )(q, k, gam, h, dh, vn, do)
         if not delta:
-            return dq, dk, dgam
+            return dq, dk, total(dgam, per_k)
         dk_wy, dgam_wy, dv, dbeta = _call(
-            _grad_wy_kernel, "grad_wy_bwd", st.cfg.grad_wy, st, (B, HV, N),
-            [s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(V), s.tok(st.chunk), s.snap(K, V), s.tok(V)],
-            out_specs[1:] + [s.tok(V), s.vec()],
-            out_shape[1:] + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
+            functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
+            [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)],
+            out_specs[1:] + wy_specs,
+            out_shape[1:] + wy_shape,
         )(k, v, beta, gam, vn, t, h, dvn)
-        return dq, dk + dk_wy, dgam + dgam_wy, dv, dbeta
-    return _call(
-        functools.partial(_grad_kernel, scale=st.scale, delta=True), "grad_bwd", st.cfg.grad, st, (B, HV, N),
-        [s.qk(K), s.qk(K), s.tok(V), s.vec(), s.gate(), s.tok(st.chunk), s.snap(K, V), s.snap(K, V), s.tok(V),
+        return dq, dk + dk_wy, total(dgam + dgam_wy, per_k), dv, total(dbeta, tiled)
+    dq, dk, dgam, dv, dbeta = _call(
+        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
+        [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),
          s.tok(V), s.tok(V)],
-        out_specs + [s.tok(V), s.vec()],
-        out_shape + [sds((B, T, HV, V), F32), sds((B, T, HV), F32)],
+        out_specs + wy_specs,
+        out_shape + wy_shape,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+    return dq, dk, total(dgam, per_k), dv, total(dbeta, tiled)
 
 
 def _forward(st: Static, q, k, v, gam, beta, h0):

@@ -34,6 +34,9 @@ class RecurrentConfig:
     Gram products (``A`` in ``wy``, ``P`` in ``output``) from float32 operands (TF32 tensor cores on NVIDIA) instead
     of input-dtype ones: less rounding, more registers. ``shared_memory``: bytes of shared memory (LDS) per block on
     the target GPU; the sequential kernels' pipeline stages are capped to fit it (:func:`fit_stages`).
+    ``block_k`` tiles the key dim of the gradient pass (``None``: all of K, clipped to K): one program per (chunk,
+    K tile) holds that tile's columns of q, k and the gate and its rows of the state snapshots; the value-space
+    products are recomputed in each tile.
     """
 
     chunk: int = 64
@@ -48,6 +51,7 @@ class RecurrentConfig:
     grad_wy: Launch = Launch()  # the WY part of the gradient pass when split
     decay_operands_f32: bool = False
     shared_memory: int = 48 * 1024
+    block_k: int | None = None
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:

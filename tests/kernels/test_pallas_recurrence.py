@@ -117,6 +117,18 @@ def test_split_gradient_pass(per_key):
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
+@pytest.mark.parametrize("split_grad_from", [None, 0], ids=["fused", "split"])
+@pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
+def test_gradient_pass_tiled_over_keys(kind, split_grad_from):
+    """The gradient pass in K tiles (``block_k``: two tiles of 16 at K = 32, the value-space terms counted once, the
+    sums over K added from per-tile parts) gives the same values and gradients."""
+    per_key = kind == "kda"
+    inputs, weights = make_inputs(15, T=37, K=32, delta=kind != "gla", per_key=per_key)
+    config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_k=16,
+                                 split_grad_from=split_grad_from)
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
+
+
 @pytest.mark.parametrize("delta", [True, False], ids=["gdn", "gla"])
 def test_bfloat16(delta):
     inputs, weights = make_inputs(3, T=37, dtype=jnp.bfloat16, delta=delta)
