@@ -740,16 +740,16 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     BK = min(st.cfg.block_k or K, K)
     tiled = BK < K
     grid = (B, HV, N, K // BK) if tiled else (B, HV, N)
-    per_k = tiled and gam.ndim == 3  # a scalar gate's d(gamma) sums over K
+    parts = sds((B, T, HV, K // BK), F32)  # one partial sum per K tile
+    dgam_parts = tiled and gam.ndim == 3  # a scalar gate's d(gamma) sums over K
 
-    def total(x, partial: bool):
-        return jnp.sum(x, axis=-1) if partial else x
+    def summed(x, in_parts: bool):
+        return jnp.sum(x, axis=-1) if in_parts else x
 
-    partial, partial_spec = sds((B, T, HV, K // BK), F32), (s.part() if tiled else None)
-    out_specs = [s.key_tok(BK), s.key_tok(BK), s.part() if per_k else s.gate(BK)]
-    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), partial if per_k else sds(gam.shape, F32)]
-    wy_specs = [s.tok(V), partial_spec or s.vec()]
-    wy_shape = [sds((B, T, HV, V), F32), partial if tiled else sds((B, T, HV), F32)]
+    out_specs = [s.key_tok(BK), s.key_tok(BK), s.part() if dgam_parts else s.gate(BK)]
+    out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), parts if dgam_parts else sds(gam.shape, F32)]
+    wy_specs = [s.tok(V), s.part() if tiled else s.vec()]
+    wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
     if not delta or split:
         dq, dk, dgam = _call(
             functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled), "grad_bwd", st.cfg.grad, st,
@@ -758,14 +758,14 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
             out_specs, out_shape,
         )(q, k, gam, h, dh, vn, do)
         if not delta:
-            return dq, dk, total(dgam, per_k)
+            return dq, dk, summed(dgam, dgam_parts)
         dk_wy, dgam_wy, dv, dbeta = _call(
             functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
             [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)],
             out_specs[1:] + wy_specs,
             out_shape[1:] + wy_shape,
         )(k, v, beta, gam, vn, t, h, dvn)
-        return dq, dk + dk_wy, total(dgam + dgam_wy, per_k), dv, total(dbeta, tiled)
+        return dq, dk + dk_wy, summed(dgam + dgam_wy, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _call(
         functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),
@@ -773,7 +773,7 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
         out_specs + wy_specs,
         out_shape + wy_shape,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
-    return dq, dk, total(dgam, per_k), dv, total(dbeta, tiled)
+    return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 
 
 def _forward(st: Static, q, k, v, gam, beta, h0):
