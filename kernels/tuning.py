@@ -112,8 +112,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
 # 0.82/1.86 -> 0.91/1.91 -> 0.68/1.46, 1B shape (H16 K32 V64) 1.29/2.92 -> 1.47/3.21 -> 1.05/2.23, and the forward
 # error against float32 drops (6.7e-3 -> 4.9e-3 at the 300M shape). With 16-row blocks (chunk_pallas.SUB, the current
 # kernels) chunks 32 / 64 at the 300M shape are 0.46/1.34 and 0.58/1.76 against chunk 16's 0.39/1.10 (tuned), and at
-# the anchor one of them overflowed shared memory at these launches (likely the 3-stage state passes at chunk 64,
-# which fit_stages now caps at 2).
+# the anchor (with fit_stages capping the state passes' stages) 2.78/8.36 and 4.96/32.73 against 1.62-1.72/5.15-5.18.
 # The gradient pass is always split (at chunk 64: 2.40 -> 1.92 ms at the 300M shape, 3.44 -> 3.05 ms at the 1B
 # shape, equal at K = V = 128).
 # sm90: ``benchmarks/autotune.py --shape kda_300m kda_1b kda_anchor`` at chunk 16 (sum over the three shapes, ms):
