@@ -4,10 +4,9 @@
 
 Coordinate descent from the current table entry, one kernel stage at a time (each candidate compiles one
 kernel): ``block_v`` on the two sequential state passes, ``block_k`` on the gradient pass, then (num_warps,
-num_stages) of each kernel (with a split
-gradient pass also of its second launch, ``grad_wy``). A
-candidate that fails to compile (for example shared memory overflow on MI300X) is skipped. Stops early when
-the time budget is spent. With several shapes, a candidate's score is the sum over shapes.
+num_stages) of each kernel (with a split gradient pass also of its second launch, ``grad_wy``). A candidate that
+fails to compile (for example shared memory overflow on MI300X) is skipped. Stops early when the time budget is
+spent. With several shapes, a candidate's score is the sum over shapes.
 """
 
 from __future__ import annotations

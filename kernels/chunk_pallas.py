@@ -380,6 +380,8 @@ def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: f
     qd = [(x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd) for x, g in zip(q, gam, strict=True)]
     qh = [_dot(x, h_ref[...]) for x in qd]
     _store_blocks(o_ref, [x + y for x, y in zip(qh, _lower_matmul(p, _blocks(vn_ref, per_key)), strict=True)])
+
+
 def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool):
     """Reverse sequential pass for one (batch, head, V-tile).
 
