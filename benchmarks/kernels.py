@@ -138,6 +138,12 @@ def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = Fal
     return median_ms(jax.jit(functools.partial(STAGES[name], st)), *args, repeats=repeats)
 
 
+def stage_times(s: Shape, config, repeats: int, interpret: bool = False) -> dict[str, float]:
+    """Median ms of every kernel stage of shape ``s`` under ``config`` (each stage timed alone)."""
+    return {n: stage_ms(n, a, config, repeats, interpret=interpret)
+            for n, a in stage_args(s, config, interpret=interpret).items()}
+
+
 def rel_rms(x, ref) -> float:
     x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
@@ -220,13 +226,11 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         v_cfg = dataclasses.replace(cfg, **parse_variant(variant))  # overflow) is recorded, not fatal to the shape
         try:
             v_res = time_and_check(*make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
-            v_res["stages_ms"] = {n: stage_ms(n, a, v_cfg, repeats, interpret=interpret)
-                                  for n, a in stage_args(s, v_cfg, interpret=interpret).items()}
+            v_res["stages_ms"] = stage_times(s, v_cfg, repeats, interpret)
         except Exception as e:  # noqa: BLE001
             v_res = {"error": f"{type(e).__name__}: {e}"[:2000]}
         res.setdefault("variants", {})[variant] = v_res
-    args = stage_args(s, cfg, interpret=interpret)
-    res["stages_ms"] = {n: stage_ms(n, a, cfg, repeats, interpret=interpret) for n, a in args.items()}
+    res["stages_ms"] = stage_times(s, cfg, repeats, interpret)
     if xla_timing:
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
