@@ -85,11 +85,11 @@ def _chunked_ce_fwd(h, e, targets, weight):
         lse = jax.nn.logsumexp(logits, axis=-1)
         dlogits = (jnp.exp(logits - lse[:, None]) - (ids[None, :] == t_c[:, None])) * w_c[:, None]
         dlogits = dlogits.astype(h.dtype)
-        dh = jnp.einsum("cv,vd->cd", dlogits, e, preferred_element_type=F32)
+        dh = jnp.einsum("cv,vd->cd", dlogits, e, preferred_element_type=F32).astype(h.dtype)
         return de + jnp.einsum("cv,cd->vd", dlogits, h_c, preferred_element_type=F32), (lse, dh)
 
     de, (lse, dh) = jax.lax.scan(body, jnp.zeros(e.shape, F32), (h, targets, weight))
-    return _loss(h, e, targets, weight, lse), (dh.astype(h.dtype), de.astype(e.dtype))
+    return _loss(h, e, targets, weight, lse), (dh, de.astype(e.dtype))
 
 
 def _chunked_ce_bwd(res, g):
