@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import time
 
-from benchmarks.kernels import SHAPES, parse_variant, stage_args, stage_ms
+from benchmarks.kernels import SHAPES, apply_variant, stage_args, stage_ms
 from hybrid_jax.kernels.tuning import Launch, current_arch, recurrent_config
 
 BLOCK_V = (32, 64, 128)
@@ -29,12 +29,12 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--start", default="", help="FIELD=VALUE[,...] changed in the table entry before the sweep "
-                    "(e.g. chunk=64: tune the launches at another chunk)")
+                    "(e.g. chunk=64: tune the launches at another chunk; KERNEL.FIELD sets a launch's field)")
     args = ap.parse_args()
     start = time.perf_counter()
     shapes = [s for s in SHAPES if s.name in args.shape]
     best = recurrent_config(per_key=shapes[0].per_key)  # KDA shapes start from (and print) the KDA table
-    best = dataclasses.replace(best, **parse_variant(args.start)) if args.start else best
+    best = apply_variant(best, args.start) if args.start else best
     stage_inputs = [stage_args(s, best) for s in shapes]
 
     def measure(cfg, stages) -> float:

@@ -51,7 +51,7 @@ from benchmarks.shapes import SHAPES, Shape  # noqa: E402
 from benchmarks.timing import median_ms  # noqa: E402
 from hybrid_jax.kernels import chunk_pallas, reference  # noqa: E402
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence  # noqa: E402
-from hybrid_jax.kernels.tuning import current_arch, recurrent_config  # noqa: E402
+from hybrid_jax.kernels.tuning import RecurrentConfig, current_arch, recurrent_config  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
 PEAK_BYTES = 4.8e12  # H200 HBM3e
@@ -178,15 +178,18 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     )
 
 
-def parse_variant(text: str) -> dict[str, object]:
-    """``FIELD=VALUE[,FIELD=VALUE...]`` of ``RecurrentConfig`` (VALUE: true/false/none or an integer) ->
-    ``{field: value}``."""
+def apply_variant(cfg: RecurrentConfig, text: str) -> RecurrentConfig:
+    """``cfg`` with ``FIELD=VALUE[,FIELD=VALUE...]`` changed: VALUE true/false/none or an integer; FIELD a field of
+    ``RecurrentConfig`` or ``KERNEL.FIELD`` of one kernel's launch (e.g. ``grad.num_stages=2``)."""
     words = {"true": True, "false": False, "none": None}
-    fields = {}
     for item in text.split(","):
-        field, _, value = item.partition("=")
-        fields[field] = words[value.lower()] if value.lower() in words else int(value)
-    return fields
+        field, _, text_value = item.partition("=")
+        value = words[text_value.lower()] if text_value.lower() in words else int(text_value)
+        kernel, _, launch_field = field.rpartition(".")
+        if kernel:
+            value = dataclasses.replace(getattr(cfg, kernel), **{launch_field: value})
+        cfg = dataclasses.replace(cfg, **{kernel or field: value})
+    return cfg
 
 
 def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, repeats: int) -> dict:
@@ -223,7 +226,7 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
             **time_and_check(*make_fns(s, "pallas", other, interpret), x, do, o_ref, g_ref, repeats),
         )
     for variant in variants:  # the table's config with some fields changed; a failing one (e.g. shared memory
-        v_cfg = dataclasses.replace(cfg, **parse_variant(variant))  # overflow) is recorded, not fatal to the shape
+        v_cfg = apply_variant(cfg, variant)  # overflow) is recorded, not fatal to the shape
         try:
             v_res = time_and_check(*make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
             v_res["stages_ms"] = stage_times(s, v_cfg, repeats, interpret)

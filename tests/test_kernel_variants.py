@@ -1,0 +1,20 @@
+"""benchmarks/kernels.py's ``--variant`` syntax: fields of the recurrent-kernel config and of one kernel's launch."""
+
+import pytest
+
+from benchmarks.kernels import apply_variant
+from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
+
+
+def test_apply_variant_sets_config_and_launch_fields():
+    cfg = RecurrentConfig(block_k=64, grad=Launch(8, 1))
+    out = apply_variant(cfg, "grad_chunks=4,grad.num_stages=2,block_k=none,decay_operands_f32=true")
+    assert out.grad_chunks == 4 and out.block_k is None and out.decay_operands_f32
+    assert out.grad == Launch(8, 2) and out.wy == cfg.wy and out.chunk == cfg.chunk
+
+
+def test_apply_variant_rejects_unknown_fields():
+    with pytest.raises(TypeError):
+        apply_variant(RecurrentConfig(), "grad.warps=4")
+    with pytest.raises(TypeError):
+        apply_variant(RecurrentConfig(), "chunks=32")
