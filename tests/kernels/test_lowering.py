@@ -40,12 +40,13 @@ def _sds(*shape, dtype=jnp.bfloat16):
 
 def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
                      f32_decay: bool = False, chunk: int | None = None, fused: bool = False,
-                     block_k: int | None = None) -> Case:
+                     block_k: int | None = None, grad_chunks: int = 1, T: int = 200) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
     heads, K=V=64, T ragged (200). ``split`` / ``fused``: the gradient pass as two launches / one (else the table's
     rule); ``f32_decay``: KDA's forward decayed products from float32 operands; ``chunk``: instead of the table's
-    (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles."""
-    B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
+    (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles; ``grad_chunks``: chunks per
+    gradient-pass program."""
+    B, H, HV, K, V = 1, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
             _sds(B, T, HV), _sds(B, HV, K, V, dtype=jnp.float32))
@@ -56,7 +57,7 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
             config = dataclasses.replace(config, split_grad_from=0) if split else config
             config = dataclasses.replace(config, split_grad_from=None) if fused else config
             config = dataclasses.replace(config, decay_operands_f32=True) if f32_decay else config
-            config = dataclasses.replace(config, block_k=block_k)
+            config = dataclasses.replace(config, block_k=block_k, grad_chunks=grad_chunks)
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
                                     config=config, chunk_size=chunk)
 
@@ -100,6 +101,9 @@ CASES = [
     _recurrence_case("gla_fwd_bwd_block_k32", delta=False, backward=True, block_k=32),
     _recurrence_case("kda_fwd_bwd_split_grad_block_k32", delta=True, backward=True, per_key=True, split=True,
                      block_k=32),
+    _recurrence_case("gdn_fwd_bwd_grad_chunks4", delta=True, backward=True, grad_chunks=4),  # 4 chunks of 64
+    _recurrence_case("kda_fwd_bwd_split_grad_chunks4", delta=True, backward=True, per_key=True, split=True,
+                     grad_chunks=4, T=190),  # 12 chunks of 16
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),
