@@ -810,14 +810,11 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     tiled = BK < K
     grid = (B, HV, N // R, K // BK) if tiled else (B, HV, N // R)
     loop, snap = dict(tiled=tiled, chunk=st.chunk, chunks=R), s.snap(BK, V, R if R > 1 else None)
-    # one chunk's loads are a pipeline stage of the loop over chunks; the fused kernel's, an upper bound: per token
-    # q, k and the gate (K tile), v, v_new, dO, d(v_new) (float32), T's row and beta; then the h and dh tiles
-    isz = q.dtype.itemsize
-    token = BK * 2 * isz + (4 * BK if gam.ndim == 4 else 4) + V * (3 * isz + 4) + st.chunk * isz + 4
-    stage = st.chunk * token + 2 * BK * V * isz
+    output_bytes, wy_bytes, fused_bytes = _grad_stage_bytes(st.chunk, BK, V, q.dtype.itemsize, gam.ndim == 4)
 
-    def launch(kernel: Launch) -> Launch:
-        return fit_stages(kernel, stage, st.cfg.shared_memory) if R > 1 else kernel
+    def launch(kernel: Launch, stage_bytes: int) -> Launch:
+        return fit_stages(kernel, stage_bytes, st.cfg.shared_memory) if R > 1 else kernel
+
     parts = sds((B, T, HV, K // BK), F32)  # one partial sum per K tile
     dgam_parts = tiled and gam.ndim == 3  # a scalar gate's d(gamma) sums over K
 
@@ -830,29 +827,41 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
     if not delta or split:
         dq, dk, dgam = _call(
-            functools.partial(_grad_kernel, scale=st.scale, delta=False, **loop), "grad_bwd", launch(st.cfg.grad), st,
-            grid,
+            functools.partial(_grad_kernel, scale=st.scale, delta=False, **loop), "grad_bwd",
+            launch(st.cfg.grad, output_bytes), st, grid,
             [s.qk(BK), s.qk(BK), s.gate(BK), snap, snap, s.tok(V), s.tok(V)],
             out_specs, out_shape,
         )(q, k, gam, h, dh, vn, do)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
         dk_wy, dgam_wy, dv, dbeta = _call(
-            functools.partial(_grad_wy_kernel, **loop), "grad_wy_bwd", launch(st.cfg.grad_wy), st, grid,
+            functools.partial(_grad_wy_kernel, **loop), "grad_wy_bwd", launch(st.cfg.grad_wy, wy_bytes), st,
+            grid,
             [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), snap, s.tok(V)],
             out_specs[1:] + wy_specs,
             out_shape[1:] + wy_shape,
         )(k, v, beta, gam, vn, t, h, dvn)
         return dq, dk + dk_wy, summed(dgam + dgam_wy, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _call(
-        functools.partial(_grad_kernel, scale=st.scale, delta=True, **loop), "grad_bwd", launch(st.cfg.grad), st,
-        grid,
+        functools.partial(_grad_kernel, scale=st.scale, delta=True, **loop), "grad_bwd",
+        launch(st.cfg.grad, fused_bytes), st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), snap, snap, s.tok(V),
          s.tok(V), s.tok(V)],
         out_specs + wy_specs,
         out_shape + wy_shape,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
+
+
+def _grad_stage_bytes(C: int, BK: int, V: int, itemsize: int, per_key: bool) -> tuple[int, int, int]:
+    """Bytes of one chunk's loads in a gradient-pass program that loops over chunks (a pipeline stage): ``(through
+    the output, the WY part, fused)``. Through the output: q, k, the gate (K tile), v_new and dO per token, and the
+    h and dh tiles; the WY part: k, the gate, v, v_new, d(v_new) (float32), T's row and beta per token, and h; fused:
+    both, with k, the gate, v_new and h once."""
+    gate = 4 * BK if per_key else 4
+    output = C * (2 * BK * itemsize + gate + 2 * V * itemsize) + 2 * BK * V * itemsize
+    wy = C * (BK * itemsize + gate + V * (2 * itemsize + 4) + C * itemsize + itemsize) + BK * V * itemsize
+    return output, wy, output + C * (V * (itemsize + 4) + C * itemsize + itemsize)
 
 
 def _chunks_per_program(wanted: int, n_chunks: int) -> int:

@@ -158,3 +158,27 @@ def test_state_passes_fit_shared_memory(monkeypatch, per_key, K, V, chunk, stage
     assert [n for _, n in calls] == list(stages)  # state_fwd, then state_bwd
     if not per_key:
         assert calls[0][0] == 24_832
+
+
+def test_looped_gradient_pass_fits_shared_memory(monkeypatch):
+    """With ``grad_chunks`` the gradient pass's stages are capped by one chunk's loads: at the KDA anchor (K = V =
+    128, chunk 16, split pass) 90,112 bytes through the output (2 of 3 stages fit the H200) and 61,984 for the WY
+    part (3 fit)."""
+    calls = []
+
+    def spy(launch, per_stage, shared_memory):
+        fitted = fit_stages(launch, per_stage, shared_memory)
+        calls.append((per_stage, fitted.num_stages))
+        return fitted
+
+    monkeypatch.setattr(chunk_pallas, "fit_stages", spy)
+    B, T, H, HV, K, V = 1, 128, 1, 1, 128, 128
+    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(B, T, HV, K, dtype=jnp.float32), _sds(B, T, HV))
+    config = dataclasses.replace(recurrent_config("sm90", per_key=True), split_grad_from=0, grad_chunks=4,
+                                 grad=Launch(8, 3), grad_wy=Launch(4, 3))
+
+    def loss(*xs):
+        return chunk_recurrence(*xs, config=config, chunk_size=16)[0].astype(jnp.float32).sum()
+
+    _lower(jax.grad(loss, argnums=(0, 1, 2)), args, "NVIDIA H200", "cuda")
+    assert calls[2:] == [(90_112, 2), (61_984, 3)]  # after the two state passes: grad, then grad_wy
