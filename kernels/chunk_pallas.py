@@ -647,6 +647,10 @@ class _Specs:
     def __init__(self, T: int, C: int, group: int, BV: int, gate_k: int | None):
         self.T, self.C, self.G, self.BV, self.gate_k = T, C, group, BV, gate_k
 
+    def grouped(self, n: int) -> _Specs:
+        """The same specs over blocks of ``n`` consecutive chunks."""
+        return _Specs(self.T, n * self.C, self.G, self.BV, self.gate_k)
+
     def gate(self, D: int | None = None):
         """The cumulated gate; per key, ``D`` columns (default all) following the K tile."""
         return self.vec() if self.gate_k is None else self.key_tok(D or self.gate_k)
@@ -800,10 +804,10 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's d(gamma)) comes out as
     one partial sum per tile, added here. With ``cfg.grad_chunks > 1`` each program loops over that many consecutive
     chunks (:func:`_chunks_per_program`), with the launches' pipeline stages capped to shared memory."""
-    B, T, HV, K, V, N, _, s1 = _dims(st, q, v, gam)
+    B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     R = _chunks_per_program(st.cfg.grad_chunks, N)
-    s = _Specs(s1.T, R * st.chunk, s1.G, s1.BV, s1.gate_k)  # blocks of R chunks
+    s = s.grouped(R)
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
     delta = beta is not None
     BK = min(st.cfg.block_k or K, K)
