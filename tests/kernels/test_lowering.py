@@ -130,14 +130,9 @@ def test_fit_stages():
     assert fit_stages(Launch(8, 2), 10**9, 64 * 1024) == Launch(8, 1)  # at least one stage
 
 
-@pytest.mark.parametrize("per_key, K, V, chunk, stages", [
-    (False, 64, 64, 64, (2, 2)),  # GDN at the 300M shape: the table's launches fit
-    (True, 128, 128, 16, (3, 3)),  # KDA at the anchor, its tuned chunk: unchanged
-    (True, 128, 128, 64, (2, 2)),  # KDA at chunk 64: the 3-stage launches tuned at chunk 16 would overflow
-])
-def test_state_passes_fit_shared_memory(monkeypatch, per_key, K, V, chunk, stages):
-    """The sequential kernels' stages are capped by shared memory, with a stage's bytes as Triton allocates them:
-    the H200's GDN state pass at the 300M shape allocated 49,664 bytes = 2 stages x 24,832."""
+def _stage_caps(monkeypatch, config, per_key: bool, K: int, V: int, chunk: int, H: int, HV: int) -> list:
+    """``(bytes per stage, stages kept)`` of every :func:`fit_stages` call made while lowering the recurrence's
+    forward and backward (B1 T128) for the H200 with ``config``."""
     calls = []
 
     def spy(launch, per_stage, shared_memory):
@@ -146,15 +141,26 @@ def test_state_passes_fit_shared_memory(monkeypatch, per_key, K, V, chunk, stage
         return fitted
 
     monkeypatch.setattr(chunk_pallas, "fit_stages", spy)
-    B, T, H, HV = 1, 128, 2, 2
+    B, T = 1, 128
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V),
             _sds(*((B, T, HV, K) if per_key else (B, T, HV)), dtype=jnp.float32), _sds(B, T, HV))
-    config = recurrent_config("sm90", per_key=per_key)
 
     def loss(*xs):
         return chunk_recurrence(*xs, config=config, chunk_size=chunk)[0].astype(jnp.float32).sum()
 
     _lower(jax.grad(loss, argnums=(0, 1, 2)), args, "NVIDIA H200", "cuda")
+    return calls
+
+
+@pytest.mark.parametrize("per_key, K, V, chunk, stages", [
+    (False, 64, 64, 64, (2, 2)),  # GDN at the 300M shape: the table's launches fit
+    (True, 128, 128, 16, (3, 3)),  # KDA at the anchor, its tuned chunk: unchanged
+    (True, 128, 128, 64, (2, 2)),  # KDA at chunk 64: the 3-stage launches tuned at chunk 16 would overflow
+])
+def test_state_passes_fit_shared_memory(monkeypatch, per_key, K, V, chunk, stages):
+    """The sequential kernels' stages are capped by shared memory, with a stage's bytes as Triton allocates them:
+    the H200's GDN state pass at the 300M shape allocated 49,664 bytes = 2 stages x 24,832."""
+    calls = _stage_caps(monkeypatch, recurrent_config("sm90", per_key=per_key), per_key, K, V, chunk, H=2, HV=2)
     assert [n for _, n in calls] == list(stages)  # state_fwd, then state_bwd
     if not per_key:
         assert calls[0][0] == 24_832
@@ -164,21 +170,7 @@ def test_looped_gradient_pass_fits_shared_memory(monkeypatch):
     """With ``grad_chunks`` the gradient pass's stages are capped by one chunk's loads: at the KDA anchor (K = V =
     128, chunk 16, split pass) 90,112 bytes through the output (2 of 3 stages fit the H200) and 61,984 for the WY
     part (3 fit)."""
-    calls = []
-
-    def spy(launch, per_stage, shared_memory):
-        fitted = fit_stages(launch, per_stage, shared_memory)
-        calls.append((per_stage, fitted.num_stages))
-        return fitted
-
-    monkeypatch.setattr(chunk_pallas, "fit_stages", spy)
-    B, T, H, HV, K, V = 1, 128, 1, 1, 128, 128
-    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(B, T, HV, K, dtype=jnp.float32), _sds(B, T, HV))
     config = dataclasses.replace(recurrent_config("sm90", per_key=True), split_grad_from=0, grad_chunks=4,
                                  grad=Launch(8, 3), grad_wy=Launch(4, 3))
-
-    def loss(*xs):
-        return chunk_recurrence(*xs, config=config, chunk_size=16)[0].astype(jnp.float32).sum()
-
-    _lower(jax.grad(loss, argnums=(0, 1, 2)), args, "NVIDIA H200", "cuda")
+    calls = _stage_caps(monkeypatch, config, True, 128, 128, 16, H=1, HV=1)
     assert calls[2:] == [(90_112, 2), (61_984, 3)]  # after the two state passes: grad, then grad_wy
