@@ -700,9 +700,10 @@ class _Specs:
         return pl.BlockSpec((None, N, None, K, self.BV), lambda b, h, v: (b, 0, h, 0, v))
 
 
-def _gate_bytes(gam) -> int:
-    """Bytes of one token's cumulated gate (float32): one per value head, or one per key channel."""
-    return 4 * (gam.shape[3] if gam.ndim == 4 else 1)
+def _gate_bytes(gam, key_channels: int | None = None) -> int:
+    """Bytes of one token's cumulated gate (float32): one per value head, or one per key channel (of a K tile of
+    ``key_channels``, default all of K)."""
+    return 4 * ((key_channels or gam.shape[3]) if gam.ndim == 4 else 1)
 
 
 def _dims(st: Static, q, v, gam):
@@ -814,7 +815,7 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     tiled = BK < K
     grid = (B, HV, N // R, K // BK) if tiled else (B, HV, N // R)
     loop, snap = dict(tiled=tiled, chunk=st.chunk, chunks=R), s.snap(BK, V, R if R > 1 else None)
-    output_bytes, wy_bytes, fused_bytes = _grad_stage_bytes(st.chunk, BK, V, q.dtype.itemsize, gam.ndim == 4)
+    output_bytes, wy_bytes, fused_bytes = _grad_stage_bytes(st.chunk, BK, V, q.dtype.itemsize, _gate_bytes(gam, BK))
 
     def launch(kernel: Launch, stage_bytes: int) -> Launch:
         return fit_stages(kernel, stage_bytes, st.cfg.shared_memory) if R > 1 else kernel
@@ -857,12 +858,11 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 
 
-def _grad_stage_bytes(C: int, BK: int, V: int, itemsize: int, per_key: bool) -> tuple[int, int, int]:
+def _grad_stage_bytes(C: int, BK: int, V: int, itemsize: int, gate: int) -> tuple[int, int, int]:
     """Bytes of one chunk's loads in a gradient-pass program that loops over chunks (a pipeline stage): ``(through
     the output, the WY part, fused)``. Through the output: q, k, the gate (K tile), v_new and dO per token, and the
     h and dh tiles; the WY part: k, the gate, v, v_new, d(v_new) (float32), T's row and beta per token, and h; fused:
-    both, with k, the gate, v_new and h once."""
-    gate = 4 * BK if per_key else 4
+    both, with k, the gate (``gate`` bytes a token), v_new and h once."""
     output = C * (2 * BK * itemsize + gate + 2 * V * itemsize) + 2 * BK * V * itemsize
     wy = C * (BK * itemsize + gate + V * (2 * itemsize + 4) + C * itemsize + itemsize) + BK * V * itemsize
     return output, wy, output + C * (V * (itemsize + 4) + C * itemsize + itemsize)
