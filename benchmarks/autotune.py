@@ -1,13 +1,12 @@
 """Sweep launch parameters of the recurrent kernels on a GPU and print an entry for ``kernels/tuning.py``.
 
-    python -m benchmarks.autotune [--shape gdn_anchor ...] [--budget-s 150] [--start chunk=64,grad.num_stages=2]
+    python -m benchmarks.autotune [--shape gdn_anchor ...] [--budget-s 150] [--start chunk=64]
 
 Coordinate descent from the current table entry, one kernel stage at a time (each candidate compiles one
-kernel): ``block_v`` on the two sequential state passes, ``block_k`` and ``grad_chunks`` on the gradient pass (its
-loop over chunks prefetches only with ``num_stages`` >= 2: start from such an entry to tune them together), then
-(num_warps, num_stages) of each kernel (with a split gradient pass also of its second launch, ``grad_wy``). A
-candidate that fails to compile (for example shared memory overflow on MI300X) is skipped. Stops early when the time
-budget is spent. With several shapes, a candidate's score is the sum over shapes.
+kernel): ``block_v`` on the two sequential state passes, ``block_k`` on the gradient pass, then (num_warps,
+num_stages) of each kernel (with a split gradient pass also of its second launch, ``grad_wy``). A candidate that
+fails to compile (for example shared memory overflow on MI300X) is skipped. Stops early when the time budget is
+spent. With several shapes, a candidate's score is the sum over shapes.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from hybrid_jax.kernels.tuning import Launch, current_arch, recurrent_config
 
 BLOCK_V = (32, 64, 128)
 BLOCK_K = (None, 64, 32)  # None: the gradient pass over all of K
-GRAD_CHUNKS = (1, 2, 4, 8)  # chunks per gradient-pass program
 LAUNCHES = tuple(Launch(w, s) for w in (2, 4, 8) for s in (1, 2, 3))
 
 
@@ -47,8 +45,7 @@ def main() -> None:
             return float("inf")
 
     print(f"{current_arch()} {args.shape}: start {best}", flush=True)
-    fields = [("block_v", BLOCK_V, ("state", "state_bwd")), ("block_k", BLOCK_K, ("grad",)),
-              ("grad_chunks", GRAD_CHUNKS, ("grad",))] + [
+    fields = [("block_v", BLOCK_V, ("state", "state_bwd")), ("block_k", BLOCK_K, ("grad",))] + [
         (n, LAUNCHES, (n,)) for n in ("wy", "state", "output", "state_bwd", "grad")]
     if any(s.delta and best.split_grad_from is not None and s.K * s.V >= best.split_grad_from for s in shapes):
         # the split gradient pass's second launch (its WY part), timed in the "grad" stage

@@ -17,9 +17,7 @@ forward   ``wy``        [B, HV, N]   A, T by a block-doubling inverse in float32
           ``output``    [B, HV, N]   o
 backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_new), d(initial state)
           ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included; at large K V optionally
-                                     split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``; with
-                                     ``block_k`` also over K tiles; with ``grad_chunks`` each program loops over
-                                     several chunks)
+                                     split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``)
 
 The WY backward needs neither u nor w: with ``v_new = u - w h``, ``dA = -(T^T dv_new) v_new^T`` and
 ``T^T dw = -(T^T dv_new) h^T``, so the backward keeps ``w`` (for the reverse state pass), not ``u``.
@@ -521,65 +519,16 @@ def _store_once(first, ref, blocks: list[jax.Array]) -> None:
         pl.when(first)(lambda: _store_blocks(ref, blocks))
 
 
-class _ChunkRows:
-    """The rows ``[start, start + length)`` of a ref that holds several chunks (a gradient-pass program loops over
-    chunks): reads and stores offset the first axis, so the one-chunk code runs on it unchanged."""
-
-    def __init__(self, ref, start, length: int):
-        self.ref, self.start = ref, start
-        self.shape, self.dtype = (length, *ref.shape[1:]), ref.dtype
-
-    def _index(self, idx):
-        if idx is Ellipsis:
-            return (pl.ds(self.start, self.shape[0]),) + (slice(None),) * (len(self.shape) - 1)
-        rows, *rest = idx if isinstance(idx, tuple) else (idx,)
-        return (pl.ds(self.start + rows.start, rows.size), *rest)
-
-    def __getitem__(self, idx):
-        return self.ref[self._index(idx)]
-
-    def __setitem__(self, idx, value):
-        self.ref[self._index(idx)] = value
-
-
-class _ChunkSnapshot:
-    """Chunk ``r``'s ``[K, V]`` tile of an ``[n, K, V]`` snapshot block, read with ``[...]`` as a one-chunk block is."""
-
-    def __init__(self, ref, r):
-        self.ref, self.r = ref, r
-
-    def __getitem__(self, idx):
-        assert idx is Ellipsis
-        return self.ref[self.r]
-
-
-def _per_chunk(one_chunk, refs, snaps: tuple[int, ...], chunk: int, chunks: int) -> None:
-    """``one_chunk(*refs)`` for each of a program's ``chunks`` consecutive chunks (one: the refs as they are): the token
-    refs restricted to the chunk's rows (:class:`_ChunkRows`), the snapshot refs (positions ``snaps``, blocks
-    ``[chunks, K, V]``) to the chunk's tile (:class:`_ChunkSnapshot`). A ``fori_loop``, so that Triton can load the
-    next chunk's tiles while this one computes (``num_stages``)."""
-    if chunks == 1:
-        one_chunk(*refs)
-        return
-
-    def step(r, carry):
-        start = pl.multiple_of(r * chunk, chunk)
-        one_chunk(*(_ChunkSnapshot(ref, r) if i in snaps else _ChunkRows(ref, start, chunk)
-                    for i, ref in enumerate(refs)))
-        return carry
-
-    lax.fori_loop(0, chunks, step, 0)
-
-
-def _grad_chunk(*refs, scale: float, delta: bool, first):
-    """One chunk (one K tile when ``first`` is given): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY
-    part fused in)."""
+def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool):
+    """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
+    fused in)."""
     if delta:
         (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
     else:
         q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
     per_key = len(gam_ref.shape) == 2
+    first = pl.program_id(3) == 0 if tiled else None
     k, gam, h, vn = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...], _blocks(vn_ref, per_key)
     dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], vn, _blocks(do_ref, per_key),
                                         scale)
@@ -596,18 +545,12 @@ def _grad_chunk(*refs, scale: float, delta: bool, first):
     _store_blocks(dgam_ref, dgam)
 
 
-def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, chunk: int, chunks: int):
-    """``chunks`` consecutive chunks (and, ``tiled``, one K tile): :func:`_grad_chunk` on each."""
-    first = pl.program_id(3) == 0 if tiled else None
-    _per_chunk(functools.partial(_grad_chunk, scale=scale, delta=delta, first=first), refs,
-               (6, 7) if delta else (3, 4), chunk, chunks)
-
-
-def _grad_wy_chunk(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref, dk_ref, dgam_ref, dv_ref,
-                   dbeta_ref, *, first):
-    """One chunk (one K tile when ``first`` is given), the WY part alone (the split gradient pass): dk, d(gamma), dv,
+def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
+                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool):
+    """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass): dk, d(gamma), dv,
     dbeta."""
     per_key = len(gam_ref.shape) == 2
+    first = pl.program_id(3) == 0 if tiled else None
     k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
     dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...],
                                            _blocks(dvn_ref, per_key), first)
@@ -615,12 +558,6 @@ def _grad_wy_chunk(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_re
     _store_blocks(dgam_ref, dgam)
     _store_once(first, dv_ref, dv)
     _store_blocks(dbeta_ref, dbeta)
-
-
-def _grad_wy_kernel(*refs, tiled: bool, chunk: int, chunks: int):
-    """``chunks`` consecutive chunks (and, ``tiled``, one K tile): :func:`_grad_wy_chunk` on each."""
-    first = pl.program_id(3) == 0 if tiled else None
-    _per_chunk(functools.partial(_grad_wy_chunk, first=first), refs, (6,), chunk, chunks)
 
 
 # ------------------------------------------------------------------------------------------------ pallas calls
@@ -647,10 +584,6 @@ class _Specs:
     def __init__(self, T: int, C: int, group: int, BV: int, gate_k: int | None):
         self.T, self.C, self.G, self.BV, self.gate_k = T, C, group, BV, gate_k
 
-    def grouped(self, n: int) -> _Specs:
-        """The same specs over blocks of ``n`` consecutive chunks."""
-        return _Specs(self.T, n * self.C, self.G, self.BV, self.gate_k)
-
     def gate(self, D: int | None = None):
         """The cumulated gate; per key, ``D`` columns (default all) following the K tile."""
         return self.vec() if self.gate_k is None else self.key_tok(D or self.gate_k)
@@ -676,9 +609,8 @@ class _Specs:
         """One partial sum per K tile (``[B, T, HV, NK]``), summed by the caller."""
         return pl.BlockSpec((None, self.C, None, None), lambda b, h, c, kt: (b, c, h, kt))
 
-    def snap(self, K, V, n: int | None = None):
-        """One chunk's ``[K, V]`` state snapshot or (``n``) ``n`` consecutive chunks' ``[n, K, V]``."""
-        return pl.BlockSpec((None, n, None, K, V), lambda b, h, c, kt=0: (b, c, h, kt, 0))
+    def snap(self, K, V):
+        return pl.BlockSpec((None, None, None, K, V), lambda b, h, c, kt=0: (b, c, h, kt, 0))
 
     # sequential over chunks, tiled over V
     def qk_seq(self, D):
@@ -700,10 +632,9 @@ class _Specs:
         return pl.BlockSpec((None, N, None, K, self.BV), lambda b, h, v: (b, 0, h, 0, v))
 
 
-def _gate_bytes(gam, key_channels: int | None = None) -> int:
-    """Bytes of one token's cumulated gate (float32): one per value head, or one per key channel (of a K tile of
-    ``key_channels``, default all of K)."""
-    return 4 * ((key_channels or gam.shape[3]) if gam.ndim == 4 else 1)
+def _gate_bytes(gam) -> int:
+    """Bytes of one token's cumulated gate (float32): one per value head, or one per key channel."""
+    return 4 * (gam.shape[3] if gam.ndim == 4 else 1)
 
 
 def _dims(st: Static, q, v, gam):
@@ -803,23 +734,14 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     state update, ``grad_wy`` through the WY transform, summed here) instead of one, so that neither program
     holds every tile at once (the fused kernel spills registers at large K V). With ``cfg.block_k < K`` each
     launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's d(gamma)) comes out as
-    one partial sum per tile, added here. With ``cfg.grad_chunks > 1`` each program loops over that many consecutive
-    chunks (:func:`_chunks_per_program`), with the launches' pipeline stages capped to shared memory."""
+    one partial sum per tile, added here."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
-    R = _chunks_per_program(st.cfg.grad_chunks, N)
-    s = s.grouped(R)
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
     delta = beta is not None
     BK = min(st.cfg.block_k or K, K)
     tiled = BK < K
-    grid = (B, HV, N // R, K // BK) if tiled else (B, HV, N // R)
-    loop, snap = dict(tiled=tiled, chunk=st.chunk, chunks=R), s.snap(BK, V, R if R > 1 else None)
-    output_bytes, wy_bytes, fused_bytes = _grad_stage_bytes(st.chunk, BK, V, q.dtype.itemsize, _gate_bytes(gam, BK))
-
-    def launch(kernel: Launch, stage_bytes: int) -> Launch:
-        return fit_stages(kernel, stage_bytes, st.cfg.shared_memory) if R > 1 else kernel
-
+    grid = (B, HV, N, K // BK) if tiled else (B, HV, N)
     parts = sds((B, T, HV, K // BK), F32)  # one partial sum per K tile
     dgam_parts = tiled and gam.ndim == 3  # a scalar gate's d(gamma) sums over K
 
@@ -832,48 +754,28 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
     if not delta or split:
         dq, dk, dgam = _call(
-            functools.partial(_grad_kernel, scale=st.scale, delta=False, **loop), "grad_bwd",
-            launch(st.cfg.grad, output_bytes), st, grid,
-            [s.qk(BK), s.qk(BK), s.gate(BK), snap, snap, s.tok(V), s.tok(V)],
+            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled), "grad_bwd", st.cfg.grad, st,
+            grid,
+            [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)],
             out_specs, out_shape,
         )(q, k, gam, h, dh, vn, do)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
         dk_wy, dgam_wy, dv, dbeta = _call(
-            functools.partial(_grad_wy_kernel, **loop), "grad_wy_bwd", launch(st.cfg.grad_wy, wy_bytes), st,
-            grid,
-            [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), snap, s.tok(V)],
+            functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
+            [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)],
             out_specs[1:] + wy_specs,
             out_shape[1:] + wy_shape,
         )(k, v, beta, gam, vn, t, h, dvn)
         return dq, dk + dk_wy, summed(dgam + dgam_wy, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _call(
-        functools.partial(_grad_kernel, scale=st.scale, delta=True, **loop), "grad_bwd",
-        launch(st.cfg.grad, fused_bytes), st, grid,
-        [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), snap, snap, s.tok(V),
+        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
+        [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),
          s.tok(V), s.tok(V)],
         out_specs + wy_specs,
         out_shape + wy_shape,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
-
-
-def _grad_stage_bytes(C: int, BK: int, V: int, itemsize: int, gate: int) -> tuple[int, int, int]:
-    """Bytes of one chunk's loads in a gradient-pass program that loops over chunks (a pipeline stage): ``(through
-    the output, the WY part, fused)``. Through the output: q, k, the gate (K tile), v_new and dO per token, and the
-    h and dh tiles; the WY part: k, the gate, v, v_new, d(v_new) (float32), T's row and beta per token, and h; fused:
-    both, with k, the gate (``gate`` bytes a token), v_new and h once."""
-    output = C * (2 * BK * itemsize + gate + 2 * V * itemsize) + 2 * BK * V * itemsize
-    wy = C * (BK * itemsize + gate + V * (2 * itemsize + 4) + C * itemsize + itemsize) + BK * V * itemsize
-    return output, wy, output + C * (V * (itemsize + 4) + C * itemsize + itemsize)
-
-
-def _chunks_per_program(wanted: int, n_chunks: int) -> int:
-    """The largest power of two <= ``wanted`` that divides ``n_chunks`` (at least 1)."""
-    r = 1
-    while 2 * r <= wanted and n_chunks % (2 * r) == 0:
-        r *= 2
-    return r
 
 
 def _forward(st: Static, q, k, v, gam, beta, h0):

@@ -37,9 +37,7 @@ class RecurrentConfig:
     ``block_k`` tiles the key dim of the gradient pass (``None``: all of K, clipped to K): one program per (chunk,
     K tile) holds that tile's columns of q, k and the gate and its rows of the state snapshots; the value-space
     products are recomputed in each tile; on the H200 at K = 128 that is slower (GDN fwd+bwd 2.53 -> 2.86 ms at
-    ``block_k=64``, KDA 5.26 -> 5.75), so every table leaves it off. ``grad_chunks``: chunks per program of the
-    gradient pass (the largest power of two up to this that divides the chunk count): each program loops over them,
-    so the next chunk's loads (``h``, ``dh``) can overlap this chunk's work (``num_stages``).
+    ``block_k=64``, KDA 5.26 -> 5.75), so every table leaves it off.
     """
 
     chunk: int = 64
@@ -55,7 +53,6 @@ class RecurrentConfig:
     decay_operands_f32: bool = False
     shared_memory: int = 48 * 1024
     block_k: int | None = None
-    grad_chunks: int = 1
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:

@@ -8,9 +8,9 @@ from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
 
 def test_apply_variant_sets_config_and_launch_fields():
     cfg = RecurrentConfig(block_k=64, grad=Launch(8, 1))
-    out = apply_variant(cfg, "grad_chunks=4,grad.num_stages=2,block_k=none,decay_operands_f32=true")
-    assert out.grad_chunks == 4 and out.block_k is None and out.decay_operands_f32
-    assert out.grad == Launch(8, 2) and out.wy == cfg.wy and out.chunk == cfg.chunk
+    out = apply_variant(cfg, "chunk=32,grad.num_stages=2,block_k=none,decay_operands_f32=true")
+    assert out.chunk == 32 and out.block_k is None and out.decay_operands_f32
+    assert out.grad == Launch(8, 2) and out.wy == cfg.wy and out.state == cfg.state
 
 
 def test_apply_variant_rejects_unknown_fields():

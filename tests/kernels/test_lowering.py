@@ -40,13 +40,12 @@ def _sds(*shape, dtype=jnp.bfloat16):
 
 def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
                      f32_decay: bool = False, chunk: int | None = None, fused: bool = False,
-                     block_k: int | None = None, grad_chunks: int = 1, T: int = 200) -> Case:
+                     block_k: int | None = None) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
     heads, K=V=64, T ragged (200). ``split`` / ``fused``: the gradient pass as two launches / one (else the table's
     rule); ``f32_decay``: KDA's forward decayed products from float32 operands; ``chunk``: instead of the table's
-    (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles; ``grad_chunks``: chunks per
-    gradient-pass program."""
-    B, H, HV, K, V = 1, 2, 4, 64, 64
+    (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles."""
+    B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
             _sds(B, T, HV), _sds(B, HV, K, V, dtype=jnp.float32))
@@ -57,7 +56,7 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
             config = dataclasses.replace(config, split_grad_from=0) if split else config
             config = dataclasses.replace(config, split_grad_from=None) if fused else config
             config = dataclasses.replace(config, decay_operands_f32=True) if f32_decay else config
-            config = dataclasses.replace(config, block_k=block_k, grad_chunks=grad_chunks)
+            config = dataclasses.replace(config, block_k=block_k)
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
                                     config=config, chunk_size=chunk)
 
@@ -101,9 +100,6 @@ CASES = [
     _recurrence_case("gla_fwd_bwd_block_k32", delta=False, backward=True, block_k=32),
     _recurrence_case("kda_fwd_bwd_split_grad_block_k32", delta=True, backward=True, per_key=True, split=True,
                      block_k=32),
-    _recurrence_case("gdn_fwd_bwd_grad_chunks4", delta=True, backward=True, grad_chunks=4),  # 4 chunks of 64
-    _recurrence_case("kda_fwd_bwd_split_grad_chunks4", delta=True, backward=True, per_key=True, split=True,
-                     grad_chunks=4, T=190),  # 12 chunks of 16
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),
@@ -130,28 +126,6 @@ def test_fit_stages():
     assert fit_stages(Launch(8, 2), 10**9, 64 * 1024) == Launch(8, 1)  # at least one stage
 
 
-def _stage_caps(monkeypatch, config, per_key: bool, K: int, V: int, chunk: int, H: int, HV: int) -> list:
-    """``(bytes per stage, stages kept)`` of every :func:`fit_stages` call made while lowering the recurrence's
-    forward and backward (B1 T128) for the H200 with ``config``."""
-    calls = []
-
-    def spy(launch, per_stage, shared_memory):
-        fitted = fit_stages(launch, per_stage, shared_memory)
-        calls.append((per_stage, fitted.num_stages))
-        return fitted
-
-    monkeypatch.setattr(chunk_pallas, "fit_stages", spy)
-    B, T = 1, 128
-    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V),
-            _sds(*((B, T, HV, K) if per_key else (B, T, HV)), dtype=jnp.float32), _sds(B, T, HV))
-
-    def loss(*xs):
-        return chunk_recurrence(*xs, config=config, chunk_size=chunk)[0].astype(jnp.float32).sum()
-
-    _lower(jax.grad(loss, argnums=(0, 1, 2)), args, "NVIDIA H200", "cuda")
-    return calls
-
-
 @pytest.mark.parametrize("per_key, K, V, chunk, stages", [
     (False, 64, 64, 64, (2, 2)),  # GDN at the 300M shape: the table's launches fit
     (True, 128, 128, 16, (3, 3)),  # KDA at the anchor, its tuned chunk: unchanged
@@ -160,17 +134,23 @@ def _stage_caps(monkeypatch, config, per_key: bool, K: int, V: int, chunk: int, 
 def test_state_passes_fit_shared_memory(monkeypatch, per_key, K, V, chunk, stages):
     """The sequential kernels' stages are capped by shared memory, with a stage's bytes as Triton allocates them:
     the H200's GDN state pass at the 300M shape allocated 49,664 bytes = 2 stages x 24,832."""
-    calls = _stage_caps(monkeypatch, recurrent_config("sm90", per_key=per_key), per_key, K, V, chunk, H=2, HV=2)
+    calls = []
+
+    def spy(launch, per_stage, shared_memory):
+        fitted = fit_stages(launch, per_stage, shared_memory)
+        calls.append((per_stage, fitted.num_stages))
+        return fitted
+
+    monkeypatch.setattr(chunk_pallas, "fit_stages", spy)
+    B, T, H, HV = 1, 128, 2, 2
+    args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V),
+            _sds(*((B, T, HV, K) if per_key else (B, T, HV)), dtype=jnp.float32), _sds(B, T, HV))
+    config = recurrent_config("sm90", per_key=per_key)
+
+    def loss(*xs):
+        return chunk_recurrence(*xs, config=config, chunk_size=chunk)[0].astype(jnp.float32).sum()
+
+    _lower(jax.grad(loss, argnums=(0, 1, 2)), args, "NVIDIA H200", "cuda")
     assert [n for _, n in calls] == list(stages)  # state_fwd, then state_bwd
     if not per_key:
         assert calls[0][0] == 24_832
-
-
-def test_looped_gradient_pass_fits_shared_memory(monkeypatch):
-    """With ``grad_chunks`` the gradient pass's stages are capped by one chunk's loads: at the KDA anchor (K = V =
-    128, chunk 16, split pass) 90,112 bytes through the output (2 of 3 stages fit the H200) and 61,984 for the WY
-    part (3 fit)."""
-    config = dataclasses.replace(recurrent_config("sm90", per_key=True), split_grad_from=0, grad_chunks=4,
-                                 grad=Launch(8, 3), grad_wy=Launch(4, 3))
-    calls = _stage_caps(monkeypatch, config, True, 128, 128, 16, H=1, HV=1)
-    assert calls[2:] == [(90_112, 2), (61_984, 3)]  # after the two state passes: grad, then grad_wy

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.kernels import api, reference, tuning
-from hybrid_jax.kernels.chunk_pallas import _chunks_per_program, chunk_recurrence
+from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
 
 ARGS = ("q", "k", "v", "g", "beta", "h0")
 
@@ -127,24 +127,6 @@ def test_gradient_pass_tiled_over_keys(kind, split_grad_from):
     config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_k=16,
                                  split_grad_from=split_grad_from)
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
-
-
-@pytest.mark.parametrize("split_grad_from", [None, 0], ids=["fused", "split"])
-@pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
-def test_gradient_pass_over_several_chunks_per_program(kind, split_grad_from):
-    """Gradient-pass programs that loop over 4 chunks each (``grad_chunks``; T = 61: 4 chunks of 16, the last one
-    ragged), KDA's also in K tiles, give the same values and gradients."""
-    per_key = kind == "kda"
-    inputs, weights = make_inputs(17, T=61, K=32, delta=kind != "gla", per_key=per_key)
-    config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), grad_chunks=4,
-                                 split_grad_from=split_grad_from, block_k=16 if per_key else None)
-    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
-
-
-def test_chunks_per_program():
-    """The largest power of two up to ``grad_chunks`` that divides the chunk count."""
-    assert [_chunks_per_program(w, n) for w, n in ((4, 4), (4, 6), (4, 3), (1, 8), (8, 12), (16, 128))] == [
-        4, 2, 1, 1, 4, 16]
 
 
 @pytest.mark.parametrize("delta", [True, False], ids=["gdn", "gla"])
