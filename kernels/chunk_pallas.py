@@ -139,25 +139,49 @@ def _level_factors(gam: jax.Array, level: int) -> tuple[jax.Array, jax.Array]:
     return _masked_exp(gam - r, second), _masked_exp(r - gam, jnp.logical_not(second))
 
 
-def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands: bool = False) -> jax.Array:
+def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands: bool = False,
+          span: float = 0.0) -> jax.Array:
     """``G_ij = sum_d a_id b_jd exp(gamma_i(d) - gamma_j(d))`` for ``j < i`` (``j <= i`` unless strict), else 0.
 
-    ``a, b: [C, K]``; ``gam: [C]`` (the decay leaves the matmul) or ``[C, K]`` (one factored matmul per level of
-    :func:`_level_factors`; the diagonal needs no decay). ``f32_operands``: the factored operands stay float32
-    (TF32 tensor cores on NVIDIA) instead of being rounded to the input dtype."""
+    ``a, b: [C, K]``; ``gam: [C]`` (the decay leaves the matmul) or ``[C, K]``: one factored matmul per level of
+    :func:`_level_factors` (the diagonal needs no decay), or, with ``span > 0``, :func:`_one_reference_gram` where
+    it is exact. ``f32_operands``: the factored operands stay float32 (TF32 tensor cores on NVIDIA) instead of being
+    rounded to the input dtype."""
     C = a.shape[0]
     i, j = _iota(C)
     if gam.ndim == 1:
         return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], (i > j) if strict else (i >= j))
     cd = F32 if f32_operands else a.dtype
     af, bf = a.astype(F32), b.astype(F32)
-    g = jnp.zeros((C, C), F32)
-    for level in range(C.bit_length() - 1):
-        row_f, col_f = _level_factors(gam, level)
-        g = g + jnp.where(_level_mask(C, level), _dot((af * row_f).astype(cd), (bf * col_f).astype(cd).T), 0.0)
-    if not strict:
-        g = g + jnp.where(i == j, jnp.sum(af * bf, axis=1)[:, None], 0.0)
-    return g
+
+    def levels():
+        g = jnp.zeros((C, C), F32)
+        for level in range(C.bit_length() - 1):
+            row_f, col_f = _level_factors(gam, level)
+            g = g + jnp.where(_level_mask(C, level), _dot((af * row_f).astype(cd), (bf * col_f).astype(cd).T), 0.0)
+        if not strict:
+            g = g + jnp.where(i == j, jnp.sum(af * bf, axis=1)[:, None], 0.0)
+        return g
+
+    if span <= 0 or jnp.finfo(cd).maxexp < jnp.finfo(F32).maxexp:
+        return levels()
+    return _one_reference_gram(af, bf, gam, (i > j) if strict else (i >= j), cd, span, levels)
+
+
+def _one_reference_gram(af: jax.Array, bf: jax.Array, gam: jax.Array, mask: jax.Array, cd, span: float, levels):
+    """:func:`_gram` of a diagonal block in ONE matmul around ``r`` = ``gamma`` at the block's first row, on the rows
+    ``i`` where the gate has fallen by less than ``span`` since ``r`` in every key channel: for ``j <= i`` the factors
+    ``exp(gamma_i - r) <= 1`` and ``exp(r - gamma_j) < exp(span)`` are safe in float32's range (bf16 and float32
+    operands only). The later rows (``gamma`` is non-increasing, so they are a suffix) take ``levels()``, computed
+    only when the block has such rows (a ``lax.cond``). Row ``i`` reads no gate after row ``i``, and its value does
+    not depend on which branch runs: the one-reference product is computed once, outside the branch."""
+    r = _row(gam, 0)[None, :]
+    fall = r - gam
+    row_fall = jnp.max(fall, axis=1)  # single-axis reductions only (Triton lowering)
+    one = jnp.where(mask, _dot((af * jnp.exp(gam - r)).astype(cd),
+                               (bf * jnp.exp(jnp.minimum(fall, span))).astype(cd).T), 0.0)
+    return lax.cond(jnp.max(row_fall) >= span, lambda: jnp.where((row_fall < span)[:, None], one, levels()),
+                    lambda: one)
 
 
 def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool) -> jax.Array:
@@ -232,7 +256,7 @@ def _cross_factors(gam_i: jax.Array, gam_j: jax.Array) -> tuple[jax.Array, jax.A
     return jnp.exp(gam_i - r), jnp.exp(r - gam_j)
 
 
-def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool = False) -> list[list[jax.Array]]:
+def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, span: float) -> list[list[jax.Array]]:
     """:func:`_gram` over row blocks: ``G[i][j]`` (float32) for ``j <= i``."""
     g = []
     for i in range(len(a)):
@@ -241,7 +265,7 @@ def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool = 
         for j in range(i):
             row_f, col_f = _cross_factors(gam[i], gam[j])
             row.append(_dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T))
-        g.append(row + [_gram(a[i], b[i], gam[i], strict, f32_operands)])
+        g.append(row + [_gram(a[i], b[i], gam[i], strict, f32_operands, span)])
     return g
 
 
@@ -324,7 +348,7 @@ def _lower_matmul_t(m: list, x: list) -> list[jax.Array]:
 # ----------------------------------------------------------------------------------------------------- kernels
 
 
-def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool):
+def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool, span: float):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
     per_key = len(gam_ref.shape) == 2
     # Inputs are loaded where they are first used and the operations keep the order of the single-tile kernels, so at
@@ -332,7 +356,7 @@ def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: b
     k, gam, b = (_blocks(r, per_key) for r in (k_ref, gam_ref, beta_ref))
     cd = k[0].dtype
     b = [x.astype(F32) for x in b]
-    g = _block_gram(k, k, gam, strict=True, f32_operands=f32_decay)
+    g = _block_gram(k, k, gam, strict=True, f32_operands=f32_decay, span=span)
     a = [[x * b[i][:, None] for x in row] for i, row in enumerate(g)]
     # computed in float32, used (and stored) in the input dtype
     tc = [[x.astype(cd) for x in row] for row in _block_unit_lower_inverse(a, split)]
@@ -368,13 +392,15 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
     ht_ref[...] = lax.fori_loop(0, n_chunks, body, h0_ref[...].astype(F32))
 
 
-def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: float, f32_decay: bool):
+def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: float, f32_decay: bool,
+                   span: float):
     """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with a
     per-key gate ``P`` is also stored (``p_ref``) for the reverse state pass."""
     per_key = len(gam_ref.shape) == 2
     q, gam, k = (_blocks(r, per_key) for r in (q_ref, gam_ref, k_ref))  # order of use and operations: _wy_kernel
     cd = q[0].dtype
-    p = [[(x * scale).astype(cd) for x in row] for row in _block_gram(q, k, gam, strict=False, f32_operands=f32_decay)]
+    p = [[(x * scale).astype(cd) for x in row]
+         for row in _block_gram(q, k, gam, strict=False, f32_operands=f32_decay, span=span)]
     if p_ref:
         _store_lower(p_ref[0], p)
     qd = [(x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd) for x, g in zip(q, gam, strict=True)]
@@ -653,7 +679,8 @@ def wy(st: Static, k, v, gam, beta):
     B, T, HV, K, V, N, _, s = _dims(st, k, v, gam)
     sds = jax.ShapeDtypeStruct
     return _call(
-        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32), "wy_fwd",
+        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32,
+                          span=st.cfg.one_reference_span), "wy_fwd",
         st.cfg.wy, st, (B, HV, N),
         [s.qk(K), s.tok(V), s.gate(), s.vec()],
         [s.tok(V), s.tok(K), s.tok(st.chunk)],
@@ -695,7 +722,8 @@ def output(st: Static, q, k, vn, gam, h):
     sds = jax.ShapeDtypeStruct
     per_key = gam.ndim == 4
     outs = _call(
-        functools.partial(_output_kernel, scale=st.scale, f32_decay=st.cfg.decay_operands_f32), "output_fwd",
+        functools.partial(_output_kernel, scale=st.scale, f32_decay=st.cfg.decay_operands_f32,
+                          span=st.cfg.one_reference_span), "output_fwd",
         st.cfg.output, st, (B, HV, N),
         [s.qk(K), s.qk(K), s.tok(V), s.gate(), s.snap(K, V)],
         [s.tok(V)] + ([s.tok(st.chunk)] if per_key else []),

@@ -37,7 +37,11 @@ class RecurrentConfig:
     ``block_k`` tiles the key dim of the gradient pass (``None``: all of K, clipped to K): one program per (chunk,
     K tile) holds that tile's columns of q, k and the gate and its rows of the state snapshots; the value-space
     products are recomputed in each tile; on the H200 at K = 128 that is slower (GDN fwd+bwd 2.53 -> 2.86 ms at
-    ``block_k=64``, KDA 5.26 -> 5.75), so every table leaves it off.
+    ``block_k=64``, KDA 5.26 -> 5.75), so every table leaves it off. ``one_reference_span`` (per-key gate, forward:
+    ``A`` in ``wy``, ``P`` in ``output``): in a diagonal 16-row block, the rows where the cumulated gate has fallen by
+    less than this since the block's first row (in every key channel) take one matmul around that row (factors up to
+    ``exp(span)``) instead of one per level of the hierarchical factorisation (log2(16) = 4); 0: always the levels.
+    Bf16 and float32 operands only. (The gradient pass keeps the levels: with the branch there it was slower.)
     """
 
     chunk: int = 64
@@ -53,6 +57,7 @@ class RecurrentConfig:
     decay_operands_f32: bool = False
     shared_memory: int = 48 * 1024
     block_k: int | None = None
+    one_reference_span: int = 32
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.kernels import api, reference, tuning
-from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
+from hybrid_jax.kernels.chunk_pallas import _gram, chunk_recurrence
 
 ARGS = ("q", "k", "v", "g", "beta", "h0")
 
@@ -210,6 +210,33 @@ def test_kda_outputs_do_not_depend_on_later_gates():
     o, o_p = fn(g), fn(g.at[:, t + 1:].set(g_later[:, t + 1:]))
     np.testing.assert_array_equal(np.asarray(o[:, : t + 1]), np.asarray(o_p[:, : t + 1]))
     assert rel_rms(o_p[:, t + 1:], o[:, t + 1:]) > 1e-2  # the later outputs do see the change
+
+
+def exact_gram(a, b, gam, strict: bool) -> np.ndarray:
+    """``G_ij = sum_d a_id b_jd exp(gamma_id - gamma_jd)`` on the (strict) lower triangle, in float64."""
+    a, b, gam = (np.asarray(x, np.float64) for x in (a, b, gam))
+    g = np.einsum("id,jd,ijd->ij", a, b, np.exp(np.minimum(gam[:, None, :] - gam[None, :, :], 0.0)))
+    return np.tril(g, -1 if strict else 0)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_kda_one_reference_diagonal_products(strict):
+    """The forward's diagonal-block products around one reference row (``one_reference_span``) are exact on a mild
+    gate, a gate that falls by 100 at row 8 (those rows take the levels) and a strong gate; the rows before the fall
+    are bit-identical to the mild gate's (which branch runs does not change them); and the one-reference form is
+    really taken (its rounding differs from the levels')."""
+    ks = jax.random.split(jax.random.PRNGKey(16), 3)
+    a, b = (jax.random.normal(key, (16, 32)) for key in ks[:2])
+    step = -jax.random.uniform(ks[2], (16, 32), maxval=0.3)
+    mild = jnp.cumsum(step, axis=0)
+    fallen = mild.at[8:].add(-100.0)
+    strong = jnp.cumsum(step * 100.0, axis=0)
+    gram = jax.jit(lambda gam, span: _gram(a, b, gam, strict, span=span), static_argnums=1)
+    for gam in (mild, fallen, strong):
+        g = np.asarray(gram(gam, 32.0))
+        assert np.all(np.isfinite(g)) and rel_rms(g, exact_gram(a, b, gam, strict)) <= 1e-6
+    np.testing.assert_array_equal(np.asarray(gram(fallen, 32.0))[:8], np.asarray(gram(mild, 32.0))[:8])
+    assert not np.array_equal(np.asarray(gram(mild, 32.0)), np.asarray(gram(mild, 0.0)))
 
 
 def test_rejects_bad_chunk_size():
