@@ -33,11 +33,14 @@ A pair in two different blocks is decayed around ``r`` = ``gamma`` at the first 
 (:func:`_cross_factors`). Inside a diagonal block the factorisation is hierarchical (:func:`_level_factors`): each
 pair ``j < i`` belongs to the one level at which ``i`` and ``j`` fall in different halves of a ``2^(l+1)``-row block,
 and there the reference is ``gamma`` at the first row of ``i``'s half. No factor exceeds 1 at any gate (tiny values
-underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. FLA computes its diagonal blocks
-token by token (or with a midpoint anchor that can read a later gate). The kernels work on lists of row blocks
-(loaded and stored by ``pl.ds`` slices of the chunk's tiles: Triton has no concatenation); ``T`` becomes block
-lower-triangular by forward substitution over the blocks (:func:`_block_unit_lower_inverse`). The output kernel also
-stores ``P`` (input dtype, like ``T``) for the reverse state pass. With a scalar gate a chunk is one block.
+underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. In the forward's diagonal blocks
+(``A``, ``P``) the rows where the gate has fallen by less than ``cfg.one_reference_span`` since the block's first row
+take one matmul around that row instead of the levels (factors up to ``exp(span)``; :func:`_one_reference_gram`).
+FLA computes its diagonal blocks token by token (or with a midpoint anchor that can read a later gate). The kernels
+work on lists of row blocks (loaded and stored by ``pl.ds`` slices of the chunk's tiles: Triton has no
+concatenation); ``T`` becomes block lower-triangular by forward substitution over the blocks
+(:func:`_block_unit_lower_inverse`). The output kernel also stores ``P`` (input dtype, like ``T``) for the reverse
+state pass. With a scalar gate a chunk is one block.
 
 Inputs may be bf16 or float32; matmul operands are cast to the input dtype and accumulate in float32.
 The carried state, the gate sums, the gradients and the triangular inverse are computed in float32; the

@@ -41,7 +41,9 @@ class RecurrentConfig:
     ``A`` in ``wy``, ``P`` in ``output``): in a diagonal 16-row block, the rows where the cumulated gate has fallen by
     less than this since the block's first row (in every key channel) take one matmul around that row (factors up to
     ``exp(span)``) instead of one per level of the hierarchical factorisation (log2(16) = 4); 0: always the levels.
-    Bf16 and float32 operands only. (The gradient pass keeps the levels: with the branch there it was slower.)
+    Bf16 and float32 operands only. On the H200 at the KDA anchor, against 0, the forward took 8-20% less and the
+    forward+backward 4-9% less, in three commands. (The gradient pass keeps the levels: with the branch there it was
+    slower.)
     """
 
     chunk: int = 64
