@@ -1,0 +1,58 @@
+"""``benchmarks/kernel_resources.py``: our kernels compiled for GPUs that are not there (Triton's compiler, no GPU).
+
+The lowering tests show that a kernel lowers; these show that the table's launches compile for the target, fit its
+shared memory (LDS) and, on ROCm, spill no registers, and that the numbers agree with a measurement on the H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.kernel_resources import compile_kernel, lowered_kernels, recurrence_case
+from benchmarks.shapes import SHAPES
+from hybrid_jax.kernels.tuning import recurrent_config
+
+SHAPE = {s.name: s for s in SHAPES}
+
+
+def test_lowered_kernels_carry_the_table_launches():
+    """Every launch of the KDA forward + backward, once each, with its Triton IR and the sm90 table's launch."""
+    fn, args = recurrence_case(SHAPE["kda_300m"], "sm90")
+    kernels = lowered_kernels(fn, args, "sm90")
+    cfg = recurrent_config("sm90", per_key=True)
+    expected = {"wy_fwd": cfg.wy, "state_fwd": cfg.state, "output_fwd": cfg.output, "state_bwd": cfg.state_bwd,
+                "grad_bwd": cfg.grad, "grad_wy_bwd": cfg.grad_wy}
+    assert [k.name for k in kernels] == list(expected)
+    for k in kernels:
+        assert (k.num_warps, k.num_stages) == (expected[k.name].num_warps, expected[k.name].num_stages)
+        assert f"tt.func public @{k.name}(" in k.ir
+
+
+def test_sm90_resources_match_the_h200_profile():
+    """At the 1B KDA shape Nsight Compute measured on the H200: ``grad_bwd`` 128 registers and 6,144 bytes of
+    shared memory, ``grad_wy_bwd`` 146 and 4,096 (round 7). The offline compile uses another Triton build than
+    jaxlib's, so registers may differ a little."""
+    pytest.importorskip("triton")
+    fn, args = recurrence_case(SHAPE["kda_1b"], "sm90")
+    measured = {"grad_bwd": (128, 6144), "grad_wy_bwd": (146, 4096)}
+    for kernel in lowered_kernels(fn, args, "sm90"):
+        if kernel.name in measured:
+            r = compile_kernel(kernel, "sm90")
+            registers, shared = measured[kernel.name]
+            assert abs(r.registers - registers) <= 16 and r.shared == shared, (kernel.name, r)
+            assert r.opcodes["HMMA"] > 0  # tensor-core matmuls
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("shape", ["gdn_300m", "mamba2_300m", "kda_300m"])
+def test_rocm_launches_fit_and_do_not_spill(arch, shape):
+    """At our model shapes every launch of the ROCm tables fits the LDS and spills no VGPRs (the GDN gradient pass
+    spilled 125-190 at 8 warps, hence 4)."""
+    pytest.importorskip("triton")
+    fn, args = recurrence_case(SHAPE[shape], arch)
+    limit = recurrent_config(arch).shared_memory
+    kernels = lowered_kernels(fn, args, arch)
+    assert len(kernels) >= 4
+    for kernel in kernels:
+        r = compile_kernel(kernel, arch)
+        assert r.shared <= limit and r.spills == 0, (kernel.name, kernel.num_warps, r)
