@@ -88,6 +88,9 @@ RECURRENT: dict[str, RecurrentConfig] = {
         split_grad_from=128 * 128,
         grad_wy=Launch(4, 1),
     ),
+    # ROCm entries: untimed on AMD GPUs. Compiled offline (benchmarks/kernel_resources.py), the gradient pass at 8
+    # warps spills VGPRs at every GDN / GLA shape (gfx942: 190 VGPRs spilled at the 300M GDN shape, 119 at the anchor;
+    # gfx950: 125 and 95); at 4 warps it spills none, so 4 it is. Every launch fits the LDS.
     # 64 KiB LDS: keep state tiles small and a single stage.
     "gfx942": RecurrentConfig(
         block_v=32,
@@ -96,7 +99,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
         state=Launch(4, 1),
         output=Launch(4, 1),
         state_bwd=Launch(4, 1),
-        grad=Launch(8, 1),
+        grad=Launch(4, 1),
         split_grad_from=128 * 128,
         grad_wy=Launch(4, 1),
     ),
@@ -107,7 +110,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
         state=Launch(4, 1),
         output=Launch(4, 1),
         state_bwd=Launch(4, 1),
-        grad=Launch(8, 1),
+        grad=Launch(4, 1),
         split_grad_from=128 * 128,
         grad_wy=Launch(4, 1),
     ),
@@ -126,7 +129,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
 # sm90: ``benchmarks/autotune.py --shape kda_300m kda_1b kda_anchor`` at chunk 16 (sum over the three shapes, ms):
 # wy 8 warps/2 stages -> 4/1: 1.85 -> 1.07; state 4/2 -> 4/3: 1.31 -> 1.04; output 8/2 -> 2/3: 1.83 -> 1.15;
 # state_bwd 4/2 -> 4/3: 1.81 -> 1.67; grad and block_v unchanged. The ROCm entries are the GDN launches at chunk 16
-# with the split gradient pass, unmeasured.
+# with the split gradient pass and 8-warp `grad`, untimed.
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
     "sm90": dataclasses.replace(
         RECURRENT["sm90"],
@@ -137,8 +140,9 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         state_bwd=Launch(4, 3),
         split_grad_from=0,
     ),
-    "gfx942": dataclasses.replace(RECURRENT["gfx942"], chunk=16, split_grad_from=0),
-    "gfx950": dataclasses.replace(RECURRENT["gfx950"], chunk=16, split_grad_from=0),
+    # KDA's gradient pass keeps 8 warps on ROCm: it spills nothing there (at most 214 VGPRs, offline compile).
+    "gfx942": dataclasses.replace(RECURRENT["gfx942"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),
+    "gfx950": dataclasses.replace(RECURRENT["gfx950"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),
     "fallback": RecurrentConfig(chunk=16),
 }
 
