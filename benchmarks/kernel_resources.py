@@ -9,7 +9,8 @@ GPU. ``--variant`` (the syntax of ``benchmarks/kernels.py``) also compiles the r
 launches or options. Per launch it prints:
 - the registers per thread, and the spill instructions (SASS ``STL`` / ``LDL``) or AMDGCN's VGPR spill count;
 - the shared memory (LDS) against the target's, flagging a launch that could not start there;
-- on sm90, the SASS instruction count, the barriers and the most frequent opcodes.
+- on sm90, the SASS instruction count, the barriers, the tensor-core instructions (``HMMA``; ``HGMMA`` is
+  wgmma) and the most frequent opcodes.
 
 The ``triton`` package is not the Triton inside jaxlib that compiles these kernels on the device, so the numbers
 approximate the device's. On the H200 at the 1B KDA shape, Nsight Compute measured 128 registers for ``grad_bwd``
@@ -175,7 +176,8 @@ def report(label: str, fn: Callable, args: tuple, arch: str) -> list[tuple[Kerne
                 f"regs {r.registers:3d}  spills {r.spills:4d}  shared {r.shared:6d} / {limit}{flag}")
         if r.opcodes:
             top = " ".join(f"{op}:{n}" for op, n in r.opcodes.most_common(8))
-            line += f"\n{'':8s}SASS {sum(r.opcodes.values())} (BAR {r.opcodes['BAR']}, HMMA {r.opcodes['HMMA']}): {top}"
+            mma = r.opcodes["HMMA"] + r.opcodes["HGMMA"]
+            line += f"\n{'':8s}SASS {sum(r.opcodes.values())} (BAR {r.opcodes['BAR']}, HMMA/HGMMA {mma}): {top}"
         print(line, flush=True)
         out.append((kernel, r))
     return out
@@ -194,8 +196,8 @@ def main() -> None:
                 for variant in ["", *args.variant]:
                     report(f"{s.name} {variant}".strip(), *recurrence_case(s, arch, variant), arch)
         if args.attention:
-            for label, dims in ATTENTION_SHAPES.items():
-                report(label.split(" ")[0] + f" {dims[3]}/{dims[4]}", *attention_case(dims, arch), arch)
+            for dims in ATTENTION_SHAPES.values():
+                report(f"attention H{dims[2]} {dims[3]}/{dims[4]}", *attention_case(dims, arch), arch)
 
 
 if __name__ == "__main__":
