@@ -165,10 +165,9 @@ def attention_case(dims: tuple[int, int, int, int, int], arch: str) -> tuple[Cal
     return jax.value_and_grad(loss, argnums=(0, 1, 2)), (_sds(1, T, H, dqk), _sds(1, T, H, dqk), _sds(1, T, H, dv))
 
 
-def report(label: str, fn: Callable, args: tuple, arch: str) -> list[tuple[Kernel, Resources]]:
-    """Compile and print every launch of ``fn`` for ``arch``; returns them."""
+def report(label: str, fn: Callable, args: tuple, arch: str) -> None:
+    """Compile and print every launch of ``fn`` for ``arch``."""
     limit = recurrent_config(arch).shared_memory
-    out = []
     for kernel in lowered_kernels(fn, args, arch):
         r = compile_kernel(kernel, arch)
         flag = "  OVER the shared memory" if r.shared > limit else ""
@@ -179,8 +178,6 @@ def report(label: str, fn: Callable, args: tuple, arch: str) -> list[tuple[Kerne
             mma = r.opcodes["HMMA"] + r.opcodes["HGMMA"]
             line += f"\n{'':8s}SASS {sum(r.opcodes.values())} (BAR {r.opcodes['BAR']}, HMMA/HGMMA {mma}): {top}"
         print(line, flush=True)
-        out.append((kernel, r))
-    return out
 
 
 def main() -> None:
@@ -190,6 +187,10 @@ def main() -> None:
     ap.add_argument("--attention", action="store_true", help="also the attention shapes")
     ap.add_argument("--variant", action="append", default=[], help="FIELD=V[,KERNEL.FIELD=V] (benchmarks/kernels.py)")
     args = ap.parse_args()
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise SystemExit("kernel_resources needs the triton package (pip install triton; torch brings it)") from None
     for arch in args.arch:
         for s in SHAPES:
             if args.only is None or s.name in args.only:
