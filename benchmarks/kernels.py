@@ -102,7 +102,7 @@ STAGES = {
     "state": chunk_pallas.state_fwd,
     "output": chunk_pallas.output,
     "state_bwd": chunk_pallas.state_bwd,
-    "grad": chunk_pallas.grad,
+    "grad": chunk_pallas.gradients,
 }
 
 

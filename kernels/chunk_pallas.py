@@ -33,9 +33,11 @@ A pair in two different blocks is decayed around ``r`` = ``gamma`` at the first 
 (:func:`_cross_factors`). Inside a diagonal block the factorisation is hierarchical (:func:`_level_factors`): each
 pair ``j < i`` belongs to the one level at which ``i`` and ``j`` fall in different halves of a ``2^(l+1)``-row block,
 and there the reference is ``gamma`` at the first row of ``i``'s half. No factor exceeds 1 at any gate (tiny values
-underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. In the forward's diagonal blocks
-(``A``, ``P``) the rows where the gate has fallen by less than ``cfg.one_reference_span`` since the block's first row
-take one matmul around that row instead of the levels (factors up to ``exp(span)``; :func:`_one_reference_gram`).
+underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. Where the gate moves by less
+than ``cfg.one_reference_span`` within a block, one matmul around the block's first row replaces the levels (factors
+up to ``exp(span)``): in the forward's ``A`` and ``P`` row by row (:func:`_one_reference_gram`, so that no output
+depends on a later gate), in the gradient pass for every block, redone with the levels only where some block moves
+further (:func:`gradients`).
 FLA computes its diagonal blocks token by token (or with a midpoint anchor that can read a later gate). The kernels
 work on lists of row blocks (loaded and stored by ``pl.ds`` slices of the chunk's tiles: Triton has no
 concatenation); ``T`` becomes block lower-triangular by forward substitution over the blocks
@@ -166,9 +168,14 @@ def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands
             g = g + jnp.where(i == j, jnp.sum(af * bf, axis=1)[:, None], 0.0)
         return g
 
-    if span <= 0 or jnp.finfo(cd).maxexp < jnp.finfo(F32).maxexp:
+    if span <= 0 or not _wide_exponent(cd):
         return levels()
     return _one_reference_gram(af, bf, gam, (i > j) if strict else (i >= j), cd, span, levels)
+
+
+def _wide_exponent(dtype) -> bool:
+    """Whether ``dtype`` has float32's exponent range (bf16, float32): one-reference factors up to ``exp(span)`` fit."""
+    return jnp.finfo(dtype).maxexp >= jnp.finfo(F32).maxexp
 
 
 def _one_reference_gram(af: jax.Array, bf: jax.Array, gam: jax.Array, mask: jax.Array, cd, span: float, levels):
@@ -187,13 +194,24 @@ def _one_reference_gram(af: jax.Array, bf: jax.Array, gam: jax.Array, mask: jax.
                     lambda: one)
 
 
-def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool) -> jax.Array:
+def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool,
+                  one_ref: bool = False) -> jax.Array:
     """Per-key decayed product with a lower-triangular ``m [C, C]`` (entries outside the triangle are ignored):
     ``Y_id = sum_{j<=i} m_ij b_jd exp(gamma_id - gamma_jd)``, or transposed
-    ``Y_jd = sum_{i>=j} m_ij b_id exp(gamma_id - gamma_jd)`` (strict: ``<``, ``>``). ``b, gam: [C, K]``."""
+    ``Y_jd = sum_{i>=j} m_ij b_id exp(gamma_id - gamma_jd)`` (strict: ``<``, ``>``). ``b, gam: [C, K]``.
+    ``one_ref``: one matmul around ``r`` = ``gamma``'s first row instead of one per level; the caller guarantees that
+    ``gamma`` stays within ``RecurrentConfig.one_reference_span`` of ``r`` (factors up to ``exp(span)``)."""
     C = m.shape[0]
     cd = b.dtype
     bf = b.astype(F32)
+    if one_ref:
+        i, j = _iota(C)
+        r = _row(gam, 0)[None, :]
+        row_f, col_f = jnp.exp(gam - r), jnp.exp(r - gam)
+        ml = jnp.where((i > j) if strict else (i >= j), m, 0.0)
+        if transpose:
+            return col_f * _dot(ml.T.astype(cd), (bf * row_f).astype(cd))
+        return row_f * _dot(ml.astype(cd), (bf * col_f).astype(cd))
     y = jnp.zeros(b.shape, F32)
     for level in range(C.bit_length() - 1):
         row_f, col_f = _level_factors(gam, level)
@@ -272,11 +290,11 @@ def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, s
     return g
 
 
-def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bool) -> list[jax.Array]:
+def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bool, one_ref: bool) -> list[jax.Array]:
     """:func:`_decay_matmul` over row blocks (per-key gate): ``m`` lower block-triangular, ``b``/``gam`` blocks."""
     n = len(b)
     cd = b[0].dtype
-    y = [_decay_matmul(m[i][i], b[i], gam[i], strict, transpose) for i in range(n)]
+    y = [_decay_matmul(m[i][i], b[i], gam[i], strict, transpose, one_ref) for i in range(n)]
     for i in range(n):
         for j in range(i):
             row_f, col_f = _cross_factors(gam[i], gam[j])
@@ -450,12 +468,13 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
     dh0_ref[...] = lax.fori_loop(0, n_chunks, body, dht_ref[...].astype(F32))
 
 
-def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool):
+def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, one_ref: bool = False):
     """Gradients of ``G = _block_gram(a, b, gam, strict)`` for ``dG = m`` (lower block-triangular):
-    ``(da, db, dgamma)`` lists of float32 blocks (``dgamma`` in the gate's shape)."""
+    ``(da, db, dgamma)`` lists of float32 blocks (``dgamma`` in the gate's shape); ``one_ref``: see
+    :func:`_decay_matmul`."""
     if gam[0].ndim == 2:
-        da = _block_decay_matmul(m, b, gam, strict, transpose=False)
-        db = _block_decay_matmul(m, a, gam, strict, transpose=True)
+        da = _block_decay_matmul(m, b, gam, strict, transpose=False, one_ref=one_ref)
+        db = _block_decay_matmul(m, a, gam, strict, transpose=True, one_ref=one_ref)
         return da, db, [x.astype(F32) * dx - y.astype(F32) * dy for x, dx, y, dy in zip(a, da, b, db, strict=True)]
     m, (a,), (b,), (gam,) = m[0][0], a, b, gam  # a scalar gate: the chunk is one block
     cd = a.dtype
@@ -465,9 +484,10 @@ def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool):
     return [_dot(dm.astype(cd), b)], [_dot(dm.T.astype(cd), a)], [jnp.sum(z, axis=1) - jnp.sum(z, axis=0)]
 
 
-def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float):
+def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float, one_ref: bool):
     """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32 blocks, the last
-    row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient."""
+    row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient.
+    ``one_ref``: see :func:`_decay_matmul`."""
     # The order of the operations is the one the Triton compiler was tuned with (see _wy_kernel).
     qf, kf = [x.astype(F32) for x in q], [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
@@ -477,7 +497,7 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
     dq = [_dot(x, h.T) * scale * _col(jnp.exp(g)) for x, g in zip(do, gam, strict=True)]
     dgam = [_red(dx * x, per_key) for dx, x in zip(dq, qf, strict=True)]
     dp = [[_dot(do[i], vn[j].T) * scale for j in range(i + 1)] for i in range(len(do))]
-    dq_p, dk, dgam_p = _gram_vjp(dp, q, k, gam, strict=False)
+    dq_p, dk, dgam_p = _gram_vjp(dp, q, k, gam, strict=False, one_ref=one_ref)
     dq = [x + y for x, y in zip(dq, dq_p, strict=True)]
     dgam = [x + y for x, y in zip(dgam, dgam_p, strict=True)]
 
@@ -497,12 +517,13 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
     return dq, dk, dgam
 
 
-def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h, dvn: list, first=None):
+def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h, dvn: list, first=None,
+                     one_ref: bool = False):
     """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule):
     ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
     blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below). With the key dim tiled, ``k``,
     ``gam`` and ``h`` are one K tile's, dbeta is that tile's partial sum, and ``first`` says whether it is the first
-    tile (which alone counts dbeta's value-space term)."""
+    tile (which alone counts dbeta's value-space term). ``one_ref``: see :func:`_decay_matmul`."""
     cd = k[0].dtype
     kf = [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
@@ -524,10 +545,10 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h
     # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
     da = [[-_dot(t_du[i].astype(cd), vn[j].T) for j in range(i + 1)] for i in range(len(k))]
     if per_key:
-        y = _block_decay_matmul(da, k, gam, strict=True, transpose=False)  # (dA . decay) K
+        y = _block_decay_matmul(da, k, gam, strict=True, transpose=False, one_ref=one_ref)  # (dA . decay) K
         db = [x + jnp.sum(yi * ki, axis=1) for x, yi, ki in zip(db, y, kf, strict=True)]
         z = _block_decay_matmul([[x * b[i][:, None] for x in row] for i, row in enumerate(da)], k, gam, strict=True,
-                                transpose=True)
+                                transpose=True, one_ref=one_ref)
         for i in range(len(k)):
             dk[i] = dk[i] + y[i] * b[i][:, None] + z[i]
             dgam[i] = dgam[i] + kf[i] * (y[i] * b[i][:, None] - z[i])
@@ -548,9 +569,9 @@ def _store_once(first, ref, blocks: list[jax.Array]) -> None:
         pl.when(first)(lambda: _store_blocks(ref, blocks))
 
 
-def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool):
+def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, one_ref: bool):
     """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
-    fused in)."""
+    fused in). ``one_ref``: see :func:`_decay_matmul`."""
     if delta:
         (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
@@ -560,11 +581,11 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool):
     first = pl.program_id(3) == 0 if tiled else None
     k, gam, h, vn = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...], _blocks(vn_ref, per_key)
     dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], vn, _blocks(do_ref, per_key),
-                                        scale)
+                                        scale, one_ref)
     if delta:
         dk_wy, dgam_wy, dv, dbeta = _grad_through_wy(
             k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, vn, _load_lower(t_ref, per_key), h,
-            _blocks(dvn_ref, per_key), first)
+            _blocks(dvn_ref, per_key), first, one_ref)
         _store_once(first, dv_ref, dv)
         _store_blocks(dbeta_ref, dbeta)
         dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
@@ -575,14 +596,14 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool):
 
 
 def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
-                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool):
+                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool, one_ref: bool):
     """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass): dk, d(gamma), dv,
-    dbeta."""
+    dbeta. ``one_ref``: see :func:`_decay_matmul`."""
     per_key = len(gam_ref.shape) == 2
     first = pl.program_id(3) == 0 if tiled else None
     k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
     dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...],
-                                           _blocks(dvn_ref, per_key), first)
+                                           _blocks(dvn_ref, per_key), first, one_ref)
     _store_blocks(dk_ref, dk)
     _store_blocks(dgam_ref, dgam)
     _store_once(first, dv_ref, dv)
@@ -757,7 +778,7 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht):
     )(*ins)
 
 
-def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
+def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = False):
     """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule
     (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32.
 
@@ -765,7 +786,9 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     state update, ``grad_wy`` through the WY transform, summed here) instead of one, so that neither program
     holds every tile at once (the fused kernel spills registers at large K V). With ``cfg.block_k < K`` each
     launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's d(gamma)) comes out as
-    one partial sum per tile, added here."""
+    one partial sum per tile, added here. ``one_ref`` (per-key gate): each diagonal block's decayed products in one
+    matmul around its first row, valid only where no key channel's gate moves by ``cfg.one_reference_span`` or more
+    within the block (:func:`gradients`)."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
@@ -785,28 +808,54 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
     if not delta or split:
         dq, dk, dgam = _call(
-            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled), "grad_bwd", st.cfg.grad, st,
-            grid,
+            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled, one_ref=one_ref), "grad_bwd",
+            st.cfg.grad, st, grid,
             [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)],
             out_specs, out_shape,
         )(q, k, gam, h, dh, vn, do)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
         dk_wy, dgam_wy, dv, dbeta = _call(
-            functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
+            functools.partial(_grad_wy_kernel, tiled=tiled, one_ref=one_ref), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
             [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)],
             out_specs[1:] + wy_specs,
             out_shape[1:] + wy_shape,
         )(k, v, beta, gam, vn, t, h, dvn)
         return dq, dk + dk_wy, summed(dgam + dgam_wy, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _call(
-        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
+        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled, one_ref=one_ref), "grad_bwd",
+        st.cfg.grad, st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),
          s.tok(V), s.tok(V)],
         out_specs + wy_specs,
         out_shape + wy_shape,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
+
+
+def _rows_beyond_span(gam, span: float) -> jax.Array:
+    """``[B, T, HV]`` bool: the rows of each ``SUB``-row block of a per-key ``gam [B,T,HV,K]`` in which some key
+    channel moves by ``span`` or more from the block's first row."""
+    B, T, HV, K = gam.shape
+    blocks = gam.reshape(B, T // SUB, SUB, HV, K)
+    far = jnp.max(jnp.abs(blocks - blocks[:, :, :1]), axis=(2, 4)) >= span  # [B, T // SUB, HV]
+    return jnp.repeat(far, SUB, axis=1)
+
+
+def gradients(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
+    """:func:`grad`, with a per-key gate (delta rule) first with ``one_ref`` everywhere. Only if some block's gate
+    moves by ``cfg.one_reference_span`` or more (a ``lax.cond``, so usually never) is the pass run again with the
+    levels, and those blocks' rows taken from it."""
+    args = (st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+    span = st.cfg.one_reference_span
+    if gam.ndim == 3 or beta is None or span <= 0 or not _wide_exponent(q.dtype):
+        return grad(*args)
+    far = _rows_beyond_span(gam, span)
+
+    def redo(fast):
+        return [jnp.where(far if x.ndim == 3 else far[..., None], y, x) for x, y in zip(fast, grad(*args), strict=True)]
+
+    return lax.cond(jnp.any(far), redo, lambda fast: fast, list(grad(*args, one_ref=True)))
 
 
 def _forward(st: Static, q, k, v, gam, beta, h0):
@@ -826,7 +875,7 @@ def _backward(st: Static, res, do, dht):
         dq, dk, dgam = grad(st, q, k, v, None, gam, None, h, dh, vn, None, do)
         dv, dbeta = dvn, None
     else:
-        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+        dq, dk, dgam, dv, dbeta = gradients(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
         dbeta = dbeta.astype(beta.dtype)
     group = (B, T, H, v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(q.dtype)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.kernels import api, reference, tuning
+from hybrid_jax.kernels import api, chunk_pallas, reference, tuning
 from hybrid_jax.kernels.chunk_pallas import _gram, chunk_recurrence
 
 ARGS = ("q", "k", "v", "g", "beta", "h0")
@@ -237,6 +237,38 @@ def test_kda_one_reference_diagonal_products(strict):
         assert np.all(np.isfinite(g)) and rel_rms(g, exact_gram(a, b, gam, strict)) <= 1e-6
     np.testing.assert_array_equal(np.asarray(gram(fallen, 32.0))[:8], np.asarray(gram(mild, 32.0))[:8])
     assert not np.array_equal(np.asarray(gram(mild, 32.0)), np.asarray(gram(mild, 0.0)))
+
+
+def test_kda_gradient_pass_one_reference_and_its_fallback():
+    """The KDA gradient pass takes one reference row per 16-row diagonal block everywhere, then redoes with the levels
+    only if some block's gate moves by ``one_reference_span`` or more, and takes that block's rows from the redo. On
+    a gate that is mild but for a fall of 100 inside the second of three blocks: values and gradients match the naive
+    recurrence; the fallen block's rows are the levels' (the one-reference form overflows there), the other rows the
+    one-reference form's, which really differs from the levels' in rounding."""
+    inputs, weights = make_inputs(17, B=1, T=48, per_key=True)
+    inputs["g"] = inputs["g"].at[:, 20].add(-100.0)  # rows 16-31: the second block
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+    q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
+    st = chunk_pallas.Static(0.25, 16, tuning.recurrent_config(per_key=True), True)
+    gam = jnp.cumsum(g.reshape(1, 3, 16, *g.shape[2:]), axis=2).reshape(g.shape)
+    _, _, res = chunk_pallas._forward(st, q, k, v, gam, beta, h0)
+    _, _, _, _, _, w, t, h, vn, p = res
+    do = weights[0].astype(v.dtype)
+    dh, dvn, _ = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1])
+    args = (st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+    mixed, levels = chunk_pallas.gradients(*args), chunk_pallas.grad(*args)
+    fast = chunk_pallas.grad(*args, one_ref=True)
+    far = np.zeros(48, bool)
+    far[16:32] = True
+    for x, y, z in zip(mixed, fast, levels, strict=True):
+        x, y, z = (np.asarray(a) for a in (x, y, z))
+        assert np.all(np.isfinite(x))
+        np.testing.assert_array_equal(x[:, far], z[:, far])
+        np.testing.assert_array_equal(x[:, ~far], y[:, ~far])
+    assert not all(np.all(np.isfinite(np.asarray(y)[:, far])) for y in fast)  # the fallback is needed there
+    mild = [(np.asarray(y)[:, ~far], np.asarray(z)[:, ~far]) for y, z in zip(fast, levels, strict=True)]
+    assert not all(np.array_equal(y, z) for y, z in mild)  # the one-reference form is really taken there
 
 
 def test_rejects_bad_chunk_size():
