@@ -90,7 +90,8 @@ def _captured_triton_ir() -> Iterator[list[str]]:
 
 
 def lowered_kernels(fn: Callable, args: tuple, arch: str) -> list[Kernel]:
-    """The Pallas launches of ``fn(*args)`` lowered for ``arch``, in order, each once (by name)."""
+    """The Pallas launches of ``fn(*args)`` lowered for ``arch``, in order, each distinct kernel once (a second
+    kernel under the same name, e.g. the other branch of a ``lax.cond``, is named ``NAME.2``)."""
     kind, platform = TARGETS[arch][:2]
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(kind, 1, platform))
     with _captured_triton_ir() as texts, jax.sharding.use_abstract_mesh(mesh):
@@ -98,10 +99,11 @@ def lowered_kernels(fn: Callable, args: tuple, arch: str) -> list[Kernel]:
     # name -> (num_warps, num_stages): the Triton custom calls' backend configs list their keys in this order
     launches = {name: (int(warps), int(stages)) for name, stages, warps in re.findall(
         r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+) : i32', text)}
-    kernels = {}
-    for ir in texts:
+    kernels: dict[str, Kernel] = {}
+    for ir in dict.fromkeys(texts):
         name = re.search(r"tt\.func (?:public )?@(\w+)", ir).group(1)
-        kernels.setdefault(name, Kernel(name, ir, *launches[name]))
+        label = name if name not in kernels else f"{name}.{sum(k.startswith(name) for k in kernels) + 1}"
+        kernels[label] = Kernel(label, ir, *launches[name])
     return list(kernels.values())
 
 
