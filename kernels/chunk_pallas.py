@@ -844,8 +844,8 @@ def _rows_beyond_span(gam, span: float) -> jax.Array:
 
 def gradients(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     """:func:`grad`, with a per-key gate (delta rule) first with ``one_ref`` everywhere. Only if some block's gate
-    moves by ``cfg.one_reference_span`` or more (a ``lax.cond``, so usually never) is the pass run again with the
-    levels, and those blocks' rows taken from it."""
+    moves by ``cfg.one_reference_span`` or more (a ``lax.cond``: the second pass costs nothing when no block needs
+    it) is the pass run again with the levels, and those blocks' rows taken from it."""
     args = (st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
     span = st.cfg.one_reference_span
     if gam.ndim == 3 or beta is None or span <= 0 or not _wide_exponent(q.dtype):
