@@ -17,7 +17,8 @@ forward   ``wy``        [B, HV, N]   A, T by a block-doubling inverse in float32
           ``output``    [B, HV, N]   o
 backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_new), d(initial state)
           ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included; at large K V optionally
-                                     split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``)
+                                     split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``; with
+                                     ``block_k`` also over K tiles)
 
 The WY backward needs neither u nor w: with ``v_new = u - w h``, ``dA = -(T^T dv_new) v_new^T`` and
 ``T^T dw = -(T^T dv_new) h^T``, so the backward keeps ``w`` (for the reverse state pass), not ``u``.
