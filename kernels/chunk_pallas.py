@@ -94,6 +94,12 @@ def _iota(n: int) -> tuple[jax.Array, jax.Array]:
     return lax.broadcasted_iota(jnp.int32, (n, n), 0), lax.broadcasted_iota(jnp.int32, (n, n), 1)
 
 
+def _tri(C: int, strict: bool) -> jax.Array:
+    """``[C, C]``: the lower triangle, strict (``j < i``) or with the diagonal (``j <= i``)."""
+    i, j = _iota(C)
+    return (i > j) if strict else (i >= j)
+
+
 def _masked_exp(diff: jax.Array, mask: jax.Array) -> jax.Array:
     """``exp(diff)`` where ``mask`` else 0; the exponent is masked first so nothing overflows."""
     return jnp.exp(jnp.where(mask, diff, -jnp.inf))
@@ -156,7 +162,7 @@ def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands
     C = a.shape[0]
     i, j = _iota(C)
     if gam.ndim == 1:
-        return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], (i > j) if strict else (i >= j))
+        return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], _tri(C, strict))
     cd = F32 if f32_operands else a.dtype
     af, bf = a.astype(F32), b.astype(F32)
 
@@ -171,7 +177,7 @@ def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands
 
     if span <= 0 or not _wide_exponent(cd):
         return levels()
-    return _one_reference_gram(af, bf, gam, (i > j) if strict else (i >= j), cd, span, levels)
+    return _one_reference_gram(af, bf, gam, _tri(C, strict), cd, span, levels)
 
 
 def _wide_exponent(dtype) -> bool:
@@ -195,24 +201,13 @@ def _one_reference_gram(af: jax.Array, bf: jax.Array, gam: jax.Array, mask: jax.
                     lambda: one)
 
 
-def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool,
-                  one_ref: bool = False) -> jax.Array:
+def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool) -> jax.Array:
     """Per-key decayed product with a lower-triangular ``m [C, C]`` (entries outside the triangle are ignored):
     ``Y_id = sum_{j<=i} m_ij b_jd exp(gamma_id - gamma_jd)``, or transposed
-    ``Y_jd = sum_{i>=j} m_ij b_id exp(gamma_id - gamma_jd)`` (strict: ``<``, ``>``). ``b, gam: [C, K]``.
-    ``one_ref``: one matmul around ``r`` = ``gamma``'s first row instead of one per level; the caller guarantees that
-    ``gamma`` stays within ``RecurrentConfig.one_reference_span`` of ``r`` (factors up to ``exp(span)``)."""
+    ``Y_jd = sum_{i>=j} m_ij b_id exp(gamma_id - gamma_jd)`` (strict: ``<``, ``>``). ``b, gam: [C, K]``."""
     C = m.shape[0]
     cd = b.dtype
     bf = b.astype(F32)
-    if one_ref:
-        i, j = _iota(C)
-        r = _row(gam, 0)[None, :]
-        row_f, col_f = jnp.exp(gam - r), jnp.exp(r - gam)
-        ml = jnp.where((i > j) if strict else (i >= j), m, 0.0)
-        if transpose:
-            return col_f * _dot(ml.T.astype(cd), (bf * row_f).astype(cd))
-        return row_f * _dot(ml.astype(cd), (bf * col_f).astype(cd))
     y = jnp.zeros(b.shape, F32)
     for level in range(C.bit_length() - 1):
         row_f, col_f = _level_factors(gam, level)
@@ -273,7 +268,8 @@ def _store_lower(ref, m: list[list[jax.Array]]) -> None:
 def _cross_factors(gam_i: jax.Array, gam_j: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(exp(gamma_i - r), exp(r - gamma_j))`` for the rows of block ``i`` and of an earlier block ``j``, around
     ``r`` = gamma at block ``i``'s first row: both <= 1 (``gamma`` is non-increasing), and their product is
-    ``exp(gamma_i - gamma_j)``; no gate after row ``i`` is read."""
+    ``exp(gamma_i - gamma_j)``; no gate after row ``i`` is read. With ``j = i`` (a diagonal block around one
+    reference row) the second factor is up to ``exp`` of the block's fall."""
     r = _row(gam_i, 0)[None, :]
     return jnp.exp(gam_i - r), jnp.exp(r - gam_j)
 
@@ -292,17 +288,22 @@ def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, s
 
 
 def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bool, one_ref: bool) -> list[jax.Array]:
-    """:func:`_decay_matmul` over row blocks (per-key gate): ``m`` lower block-triangular, ``b``/``gam`` blocks."""
+    """:func:`_decay_matmul` over row blocks (per-key gate): ``m`` lower block-triangular, ``b``/``gam`` blocks.
+    ``one_ref``: each diagonal block too in one matmul around its first row (as a pair of blocks is), instead of one
+    per level; the caller guarantees that no block's gate moves by ``RecurrentConfig.one_reference_span`` or more
+    from that row (factors up to ``exp(span)``)."""
     n = len(b)
     cd = b[0].dtype
-    y = [_decay_matmul(m[i][i], b[i], gam[i], strict, transpose, one_ref) for i in range(n)]
+    y = [None if one_ref else _decay_matmul(m[i][i], b[i], gam[i], strict, transpose) for i in range(n)]
     for i in range(n):
-        for j in range(i):
+        for j in range(i + 1 if one_ref else i):
+            mij = jnp.where(_tri(m[i][i].shape[0], strict), m[i][i], 0.0) if i == j else m[i][j]
             row_f, col_f = _cross_factors(gam[i], gam[j])
             if transpose:
-                y[j] = y[j] + col_f * _dot(m[i][j].T.astype(cd), (b[i].astype(F32) * row_f).astype(cd))
+                t, term = j, col_f * _dot(mij.T.astype(cd), (b[i].astype(F32) * row_f).astype(cd))
             else:
-                y[i] = y[i] + row_f * _dot(m[i][j].astype(cd), (b[j].astype(F32) * col_f).astype(cd))
+                t, term = i, row_f * _dot(mij.astype(cd), (b[j].astype(F32) * col_f).astype(cd))
+            y[t] = term if y[t] is None else y[t] + term
     return y
 
 
@@ -479,8 +480,7 @@ def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, one_ref: bool 
         return da, db, [x.astype(F32) * dx - y.astype(F32) * dy for x, dx, y, dy in zip(a, da, b, db, strict=True)]
     m, (a,), (b,), (gam,) = m[0][0], a, b, gam  # a scalar gate: the chunk is one block
     cd = a.dtype
-    i, j = _iota(a.shape[0])
-    dm = m * _masked_exp(gam[:, None] - gam[None, :], (i > j) if strict else (i >= j))
+    dm = m * _masked_exp(gam[:, None] - gam[None, :], _tri(a.shape[0], strict))
     z = dm * _dot(a, b.T)  # dG * G
     return [_dot(dm.astype(cd), b)], [_dot(dm.T.astype(cd), a)], [jnp.sum(z, axis=1) - jnp.sum(z, axis=0)]
 
