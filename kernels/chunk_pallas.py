@@ -846,10 +846,11 @@ def _rows_beyond_span(gam, span: float) -> jax.Array:
 def gradients(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
     """:func:`grad`, with a per-key gate (delta rule) first with ``one_ref`` everywhere. Only if some block's gate
     moves by ``cfg.one_reference_span`` or more (a ``lax.cond``: the second pass costs nothing when no block needs
-    it) is the pass run again with the levels, and those blocks' rows taken from it. XLA on GPU reads a conditional's
-    predicate on the host: one device-to-host wait per call (untimed). Without it, the levels launches would have to
-    run always, their programs exiting unless their block is far, and write into the first pass's outputs in place
-    (input-output aliasing per launch) so that no merge pass over every gradient is needed."""
+    it) is the pass run again with the levels, and those blocks' rows taken from it. XLA's GPU conditional copies
+    its predicate to the host and waits for it (outside CUDA graphs): one device-to-host wait per call (untimed).
+    Without it, the levels launches would have to run always, their programs exiting unless their block is far, and
+    write into the first pass's outputs in place (input-output aliasing per launch) so that no merge pass over every
+    gradient is needed."""
     args = (st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
     span = st.cfg.one_reference_span
     if gam.ndim == 3 or beta is None or span <= 0 or not _wide_exponent(q.dtype):
