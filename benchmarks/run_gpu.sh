@@ -6,7 +6,8 @@
 # Groups separated by '//' run at the same time, group i on GPU i (CUDA_VISIBLE_DEVICES=i), at most one group per GPU
 # (JAX jobs sharing a GPU run out of memory); the parts of a group run one after the other on its GPU. Parts (each has its own time limit):
 #   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
-#   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda)
+#   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda, env
+#                            FLA_KDA_SHAPES: a subset of its three shapes; FLA's autotuning takes minutes per shape)
 #   kda kda_autotune         our KDA kernels (the table's chunk, chunks 32/64, fused or split gradient pass) beside our
 #                            GDN (env KDA_SHAPES, KDA_VARIANTS: set and empty for none); a launch sweep at KDA
 #                            shapes (env KDA_TUNE_SHAPES, KDA_TUNE_BUDGET seconds, KDA_START, e.g. chunk=64: from
@@ -69,8 +70,9 @@ run_part() {
     fla_ref)   timeout 270 python3 -m benchmarks.fla_reference --no-attention 2>&1 | tee "$OUT/fla_reference.log" ;;
     fla_ref_rest) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only ssd_anchor gdn_300m gdn_1b \
                  mamba2_300m kda_anchor kda_300m kda_1b 2>&1 | tee "$OUT/fla_reference_rest.log" ;;
-    fla_ref_kda) timeout 560 python3 -m benchmarks.fla_reference --no-attention --only kda_anchor kda_300m kda_1b \
-                 2>&1 | tee "$OUT/fla_reference_kda.log" ;;
+    fla_ref_kda) # shellcheck disable=SC2086
+               timeout 560 python3 -m benchmarks.fla_reference --no-attention \
+                 --only ${FLA_KDA_SHAPES:-kda_anchor kda_300m kda_1b} 2>&1 | tee "$OUT/fla_reference_kda.log" ;;
     kda)       local v variants=()
                for v in ${KDA_VARIANTS-chunk=32 chunk=64 chunk=32,split_grad_from=none split_grad_from=none}; do
                  variants+=(--variant "$v"); done

@@ -34,11 +34,11 @@ A pair in two different blocks is decayed around ``r`` = ``gamma`` at the first 
 (:func:`_cross_factors`). Inside a diagonal block the factorisation is hierarchical (:func:`_level_factors`): each
 pair ``j < i`` belongs to the one level at which ``i`` and ``j`` fall in different halves of a ``2^(l+1)``-row block,
 and there the reference is ``gamma`` at the first row of ``i``'s half. No factor exceeds 1 at any gate (tiny values
-underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. Where the gate moves by less
-than ``cfg.one_reference_span`` within a block, one matmul around the block's first row replaces the levels (factors
-up to ``exp(span)``): in the forward's ``A`` and ``P`` row by row (:func:`_one_reference_gram`, so that no output
-depends on a later gate), in the gradient pass for every block, redone with the levels only where some block moves
-further (:func:`gradients`).
+underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. Each launch first runs with
+one matmul around the block's first row in place of the levels (factors up to ``exp(cfg.one_reference_span)``),
+exact where the gate moves by less than the span within the block; only if some row moves further does a second
+launch with the levels run, and those rows are taken from it (:func:`_with_fallback`; in the forward a row's choice
+reads no later gate, so no output depends on one).
 FLA computes its diagonal blocks token by token (or with a midpoint anchor that can read a later gate). The kernels
 work on lists of row blocks (loaded and stored by ``pl.ds`` slices of the chunk's tiles: Triton has no
 concatenation); ``T`` becomes block lower-triangular by forward substitution over the blocks
@@ -151,54 +151,30 @@ def _level_factors(gam: jax.Array, level: int) -> tuple[jax.Array, jax.Array]:
     return _masked_exp(gam - r, second), _masked_exp(r - gam, jnp.logical_not(second))
 
 
-def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands: bool = False,
-          span: float = 0.0) -> jax.Array:
+def _gram(a: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, f32_operands: bool = False) -> jax.Array:
     """``G_ij = sum_d a_id b_jd exp(gamma_i(d) - gamma_j(d))`` for ``j < i`` (``j <= i`` unless strict), else 0.
 
     ``a, b: [C, K]``; ``gam: [C]`` (the decay leaves the matmul) or ``[C, K]``: one factored matmul per level of
-    :func:`_level_factors` (the diagonal needs no decay), or, with ``span > 0``, :func:`_one_reference_gram` where
-    it is exact. ``f32_operands``: the factored operands stay float32 (TF32 tensor cores on NVIDIA) instead of being
-    rounded to the input dtype."""
+    :func:`_level_factors` (the diagonal needs no decay). ``f32_operands``: the factored operands stay float32 (TF32
+    tensor cores on NVIDIA) instead of being rounded to the input dtype."""
     C = a.shape[0]
     i, j = _iota(C)
     if gam.ndim == 1:
         return _dot(a, b.T) * _masked_exp(gam[:, None] - gam[None, :], _tri(C, strict))
     cd = F32 if f32_operands else a.dtype
     af, bf = a.astype(F32), b.astype(F32)
-
-    def levels():
-        g = jnp.zeros((C, C), F32)
-        for level in range(C.bit_length() - 1):
-            row_f, col_f = _level_factors(gam, level)
-            g = g + jnp.where(_level_mask(C, level), _dot((af * row_f).astype(cd), (bf * col_f).astype(cd).T), 0.0)
-        if not strict:
-            g = g + jnp.where(i == j, jnp.sum(af * bf, axis=1)[:, None], 0.0)
-        return g
-
-    if span <= 0 or not _wide_exponent(cd):
-        return levels()
-    return _one_reference_gram(af, bf, gam, _tri(C, strict), cd, span, levels)
+    g = jnp.zeros((C, C), F32)
+    for level in range(C.bit_length() - 1):
+        row_f, col_f = _level_factors(gam, level)
+        g = g + jnp.where(_level_mask(C, level), _dot((af * row_f).astype(cd), (bf * col_f).astype(cd).T), 0.0)
+    if not strict:
+        g = g + jnp.where(i == j, jnp.sum(af * bf, axis=1)[:, None], 0.0)
+    return g
 
 
 def _wide_exponent(dtype) -> bool:
     """Whether ``dtype`` has float32's exponent range (bf16, float32): one-reference factors up to ``exp(span)`` fit."""
     return jnp.finfo(dtype).maxexp >= jnp.finfo(F32).maxexp
-
-
-def _one_reference_gram(af: jax.Array, bf: jax.Array, gam: jax.Array, mask: jax.Array, cd, span: float, levels):
-    """:func:`_gram` of a diagonal block in ONE matmul around ``r`` = ``gamma`` at the block's first row, on the rows
-    ``i`` where the gate has fallen by less than ``span`` since ``r`` in every key channel: for ``j <= i`` the factors
-    ``exp(gamma_i - r) <= 1`` and ``exp(r - gamma_j) < exp(span)`` are safe in float32's range (bf16 and float32
-    operands only). The later rows (``gamma`` is non-increasing, so they are a suffix) take ``levels()``, computed
-    only when the block has such rows (a ``lax.cond``). Row ``i`` reads no gate after row ``i``, and its value does
-    not depend on which branch runs: the one-reference product is computed once, outside the branch."""
-    r = _row(gam, 0)[None, :]
-    fall = r - gam
-    row_fall = jnp.max(fall, axis=1)  # single-axis reductions only (Triton lowering)
-    one = jnp.where(mask, _dot((af * jnp.exp(gam - r)).astype(cd),
-                               (bf * jnp.exp(jnp.minimum(fall, span))).astype(cd).T), 0.0)
-    return lax.cond(jnp.max(row_fall) >= span, lambda: jnp.where((row_fall < span)[:, None], one, levels()),
-                    lambda: one)
 
 
 def _decay_matmul(m: jax.Array, b: jax.Array, gam: jax.Array, strict: bool, transpose: bool) -> jax.Array:
@@ -265,40 +241,45 @@ def _store_lower(ref, m: list[list[jax.Array]]) -> None:
             ref[pl.ds(i * S, S), pl.ds(j * S, S)] = x.astype(ref.dtype)
 
 
-def _cross_factors(gam_i: jax.Array, gam_j: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _cross_factors(gam_i: jax.Array, gam_j: jax.Array, span: float = math.inf) -> tuple[jax.Array, jax.Array]:
     """``(exp(gamma_i - r), exp(r - gamma_j))`` for the rows of block ``i`` and of an earlier block ``j``, around
     ``r`` = gamma at block ``i``'s first row: both <= 1 (``gamma`` is non-increasing), and their product is
     ``exp(gamma_i - gamma_j)``; no gate after row ``i`` is read. With ``j = i`` (a diagonal block around one
-    reference row) the second factor is up to ``exp`` of the block's fall."""
+    reference row) the second factor is up to ``exp`` of the block's fall, capped at ``exp(span)``: exact on the
+    rows that fall by less than ``span`` from ``r``, finite (and wrong) on the others."""
     r = _row(gam_i, 0)[None, :]
-    return jnp.exp(gam_i - r), jnp.exp(r - gam_j)
+    return jnp.exp(gam_i - r), jnp.exp(jnp.minimum(r - gam_j, span))
 
 
 def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, span: float) -> list[list[jax.Array]]:
-    """:func:`_gram` over row blocks: ``G[i][j]`` (float32) for ``j <= i``."""
+    """:func:`_gram` over row blocks: ``G[i][j]`` (float32) for ``j <= i``. ``span > 0`` (per-key gate): each
+    diagonal block too in one matmul around its first row (:func:`_cross_factors`), exact only on the rows whose
+    gate has fallen by less than ``span`` from that row in every key channel (the caller redoes the others with
+    ``span = 0``: the levels)."""
     g = []
     for i in range(len(a)):
         cd = F32 if f32_operands else a[i].dtype
         row = []
-        for j in range(i):
-            row_f, col_f = _cross_factors(gam[i], gam[j])
-            row.append(_dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T))
-        g.append(row + [_gram(a[i], b[i], gam[i], strict, f32_operands, span)])
+        for j in range(i + 1 if span > 0 else i):
+            row_f, col_f = _cross_factors(gam[i], gam[j], span)
+            x = _dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T)
+            row.append(jnp.where(_tri(x.shape[0], strict), x, 0.0) if i == j else x)
+        g.append(row if span > 0 else row + [_gram(a[i], b[i], gam[i], strict, f32_operands)])
     return g
 
 
-def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bool, one_ref: bool) -> list[jax.Array]:
+def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bool, span: float) -> list[jax.Array]:
     """:func:`_decay_matmul` over row blocks (per-key gate): ``m`` lower block-triangular, ``b``/``gam`` blocks.
-    ``one_ref``: each diagonal block too in one matmul around its first row (as a pair of blocks is), instead of one
-    per level; the caller guarantees that no block's gate moves by ``RecurrentConfig.one_reference_span`` or more
-    from that row (factors up to ``exp(span)``)."""
+    ``span > 0``: each diagonal block too in one matmul around its first row (as a pair of blocks is), instead of
+    one per level; exact only in the blocks whose gate moves by less than ``span`` from that row in every key
+    channel (the caller redoes the others with ``span = 0``)."""
     n = len(b)
     cd = b[0].dtype
-    y = [None if one_ref else _decay_matmul(m[i][i], b[i], gam[i], strict, transpose) for i in range(n)]
+    y = [None if span > 0 else _decay_matmul(m[i][i], b[i], gam[i], strict, transpose) for i in range(n)]
     for i in range(n):
-        for j in range(i + 1 if one_ref else i):
+        for j in range(i + 1 if span > 0 else i):
             mij = jnp.where(_tri(m[i][i].shape[0], strict), m[i][i], 0.0) if i == j else m[i][j]
-            row_f, col_f = _cross_factors(gam[i], gam[j])
+            row_f, col_f = _cross_factors(gam[i], gam[j], span)
             if transpose:
                 t, term = j, col_f * _dot(mij.T.astype(cd), (b[i].astype(F32) * row_f).astype(cd))
             else:
@@ -470,13 +451,13 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
     dh0_ref[...] = lax.fori_loop(0, n_chunks, body, dht_ref[...].astype(F32))
 
 
-def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, one_ref: bool = False):
+def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, span: float = 0.0):
     """Gradients of ``G = _block_gram(a, b, gam, strict)`` for ``dG = m`` (lower block-triangular):
-    ``(da, db, dgamma)`` lists of float32 blocks (``dgamma`` in the gate's shape); ``one_ref``: see
-    :func:`_decay_matmul`."""
+    ``(da, db, dgamma)`` lists of float32 blocks (``dgamma`` in the gate's shape); ``span``: see
+    :func:`_block_decay_matmul`."""
     if gam[0].ndim == 2:
-        da = _block_decay_matmul(m, b, gam, strict, transpose=False, one_ref=one_ref)
-        db = _block_decay_matmul(m, a, gam, strict, transpose=True, one_ref=one_ref)
+        da = _block_decay_matmul(m, b, gam, strict, transpose=False, span=span)
+        db = _block_decay_matmul(m, a, gam, strict, transpose=True, span=span)
         return da, db, [x.astype(F32) * dx - y.astype(F32) * dy for x, dx, y, dy in zip(a, da, b, db, strict=True)]
     m, (a,), (b,), (gam,) = m[0][0], a, b, gam  # a scalar gate: the chunk is one block
     cd = a.dtype
@@ -485,10 +466,10 @@ def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, one_ref: bool 
     return [_dot(dm.astype(cd), b)], [_dot(dm.T.astype(cd), a)], [jnp.sum(z, axis=1) - jnp.sum(z, axis=0)]
 
 
-def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float, one_ref: bool):
+def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float, span: float):
     """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32 blocks, the last
     row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient.
-    ``one_ref``: see :func:`_decay_matmul`."""
+    ``span``: see :func:`_block_decay_matmul`."""
     # The order of the operations is the one the Triton compiler was tuned with (see _wy_kernel).
     qf, kf = [x.astype(F32) for x in q], [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
@@ -498,7 +479,7 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
     dq = [_dot(x, h.T) * scale * _col(jnp.exp(g)) for x, g in zip(do, gam, strict=True)]
     dgam = [_red(dx * x, per_key) for dx, x in zip(dq, qf, strict=True)]
     dp = [[_dot(do[i], vn[j].T) * scale for j in range(i + 1)] for i in range(len(do))]
-    dq_p, dk, dgam_p = _gram_vjp(dp, q, k, gam, strict=False, one_ref=one_ref)
+    dq_p, dk, dgam_p = _gram_vjp(dp, q, k, gam, strict=False, span=span)
     dq = [x + y for x, y in zip(dq, dq_p, strict=True)]
     dgam = [x + y for x, y in zip(dgam, dgam_p, strict=True)]
 
@@ -519,12 +500,12 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
 
 
 def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h, dvn: list, first=None,
-                     one_ref: bool = False):
+                     span: float = 0.0):
     """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule):
     ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
     blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below). With the key dim tiled, ``k``,
     ``gam`` and ``h`` are one K tile's, dbeta is that tile's partial sum, and ``first`` says whether it is the first
-    tile (which alone counts dbeta's value-space term). ``one_ref``: see :func:`_decay_matmul`."""
+    tile (which alone counts dbeta's value-space term). ``span``: see :func:`_block_decay_matmul`."""
     cd = k[0].dtype
     kf = [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
@@ -546,10 +527,10 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h
     # A = beta_i _gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
     da = [[-_dot(t_du[i].astype(cd), vn[j].T) for j in range(i + 1)] for i in range(len(k))]
     if per_key:
-        y = _block_decay_matmul(da, k, gam, strict=True, transpose=False, one_ref=one_ref)  # (dA . decay) K
+        y = _block_decay_matmul(da, k, gam, strict=True, transpose=False, span=span)  # (dA . decay) K
         db = [x + jnp.sum(yi * ki, axis=1) for x, yi, ki in zip(db, y, kf, strict=True)]
         z = _block_decay_matmul([[x * b[i][:, None] for x in row] for i, row in enumerate(da)], k, gam, strict=True,
-                                transpose=True, one_ref=one_ref)
+                                transpose=True, span=span)
         for i in range(len(k)):
             dk[i] = dk[i] + y[i] * b[i][:, None] + z[i]
             dgam[i] = dgam[i] + kf[i] * (y[i] * b[i][:, None] - z[i])
@@ -570,9 +551,9 @@ def _store_once(first, ref, blocks: list[jax.Array]) -> None:
         pl.when(first)(lambda: _store_blocks(ref, blocks))
 
 
-def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, one_ref: bool):
+def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float):
     """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
-    fused in). ``one_ref``: see :func:`_decay_matmul`."""
+    fused in). ``span``: see :func:`_block_decay_matmul`."""
     if delta:
         (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
@@ -582,11 +563,11 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, one_ref: bool):
     first = pl.program_id(3) == 0 if tiled else None
     k, gam, h, vn = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...], _blocks(vn_ref, per_key)
     dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], vn, _blocks(do_ref, per_key),
-                                        scale, one_ref)
+                                        scale, span)
     if delta:
         dk_wy, dgam_wy, dv, dbeta = _grad_through_wy(
             k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, vn, _load_lower(t_ref, per_key), h,
-            _blocks(dvn_ref, per_key), first, one_ref)
+            _blocks(dvn_ref, per_key), first, span)
         _store_once(first, dv_ref, dv)
         _store_blocks(dbeta_ref, dbeta)
         dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
@@ -597,14 +578,14 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, one_ref: bool):
 
 
 def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
-                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool, one_ref: bool):
+                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool, span: float):
     """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass): dk, d(gamma), dv,
-    dbeta. ``one_ref``: see :func:`_decay_matmul`."""
+    dbeta. ``span``: see :func:`_block_decay_matmul`."""
     per_key = len(gam_ref.shape) == 2
     first = pl.program_id(3) == 0 if tiled else None
     k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
     dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...],
-                                           _blocks(dvn_ref, per_key), first, one_ref)
+                                           _blocks(dvn_ref, per_key), first, span)
     _store_blocks(dk_ref, dk)
     _store_blocks(dgam_ref, dgam)
     _store_once(first, dv_ref, dv)
@@ -698,14 +679,14 @@ def _dims(st: Static, q, v, gam):
 # Stages: one pallas_call each, on padded arrays (benchmarks/autotune.py times them one by one).
 
 
-def wy(st: Static, k, v, gam, beta):
+def wy(st: Static, k, v, gam, beta, one_ref: bool = False):
     """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]``, ``T [B,T,HV,C]`` (row t of its chunk), in the input dtype
-    (T is computed in float32)."""
+    (T is computed in float32). ``one_ref``: see :func:`_span`."""
     B, T, HV, K, V, N, _, s = _dims(st, k, v, gam)
     sds = jax.ShapeDtypeStruct
     return _call(
         functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32,
-                          span=st.cfg.one_reference_span), "wy_fwd",
+                          span=_span(st, gam, k.dtype, one_ref)), "wy_fwd",
         st.cfg.wy, st, (B, HV, N),
         [s.qk(K), s.tok(V), s.gate(), s.vec()],
         [s.tok(V), s.tok(K), s.tok(st.chunk)],
@@ -740,15 +721,15 @@ def state_fwd(st: Static, k, gam, w, u, h0):
     return h, u, ht
 
 
-def output(st: Static, q, k, vn, gam, h):
+def output(st: Static, q, k, vn, gam, h, one_ref: bool = False):
     """-> ``o [B,T,HV,V]`` and, with a per-key gate, ``P [B,T,HV,C]`` (row t of its chunk, input dtype), else
-    None."""
+    None. ``one_ref``: see :func:`_span`."""
     B, T, HV, K, V, N, _, s = _dims(st, q, vn, gam)
     sds = jax.ShapeDtypeStruct
     per_key = gam.ndim == 4
     outs = _call(
         functools.partial(_output_kernel, scale=st.scale, f32_decay=st.cfg.decay_operands_f32,
-                          span=st.cfg.one_reference_span), "output_fwd",
+                          span=_span(st, gam, q.dtype, one_ref)), "output_fwd",
         st.cfg.output, st, (B, HV, N),
         [s.qk(K), s.qk(K), s.tok(V), s.gate(), s.snap(K, V)],
         [s.tok(V)] + ([s.tok(st.chunk)] if per_key else []),
@@ -787,15 +768,14 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = 
     state update, ``grad_wy`` through the WY transform, summed here) instead of one, so that neither program
     holds every tile at once (the fused kernel spills registers at large K V). With ``cfg.block_k < K`` each
     launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's d(gamma)) comes out as
-    one partial sum per tile, added here. ``one_ref`` (per-key gate): each diagonal block's decayed products in one
-    matmul around its first row, valid only where no key channel's gate moves by ``cfg.one_reference_span`` or more
-    within the block (:func:`gradients`)."""
+    one partial sum per tile, added here. ``one_ref``: see :func:`_span`."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
     delta = beta is not None
     BK = min(st.cfg.block_k or K, K)
     tiled = BK < K
+    span = _span(st, gam, q.dtype, one_ref)
     grid = (B, HV, N, K // BK) if tiled else (B, HV, N)
     parts = sds((B, T, HV, K // BK), F32)  # one partial sum per K tile
     dgam_parts = tiled and gam.ndim == 3  # a scalar gate's d(gamma) sums over K
@@ -809,7 +789,7 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = 
     wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
     if not delta or split:
         dq, dk, dgam = _call(
-            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled, one_ref=one_ref), "grad_bwd",
+            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled, span=span), "grad_bwd",
             st.cfg.grad, st, grid,
             [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)],
             out_specs, out_shape,
@@ -817,14 +797,14 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = 
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
         dk_wy, dgam_wy, dv, dbeta = _call(
-            functools.partial(_grad_wy_kernel, tiled=tiled, one_ref=one_ref), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
+            functools.partial(_grad_wy_kernel, tiled=tiled, span=span), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
             [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)],
             out_specs[1:] + wy_specs,
             out_shape[1:] + wy_shape,
         )(k, v, beta, gam, vn, t, h, dvn)
         return dq, dk + dk_wy, summed(dgam + dgam_wy, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _call(
-        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled, one_ref=one_ref), "grad_bwd",
+        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled, span=span), "grad_bwd",
         st.cfg.grad, st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),
          s.tok(V), s.tok(V)],
@@ -834,40 +814,74 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = 
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 
 
-def _rows_beyond_span(gam, span: float) -> jax.Array:
-    """``[B, T, HV]`` bool: the rows of each ``SUB``-row block of a per-key ``gam [B,T,HV,K]`` in which some key
-    channel moves by ``span`` or more from the block's first row."""
+def _span(st: Static, gam, dtype, one_ref: bool) -> float:
+    """The kernels' ``span``. ``one_ref`` asks for each diagonal row block's decayed products in one matmul around
+    its first row, exact only where no key channel's gate moves by ``cfg.one_reference_span`` or more from that row
+    (:func:`_block_gram`); it applies with a per-key gate, ``one_reference_span > 0`` and bf16 or float32 inputs
+    (factors up to ``exp(span)``), else the levels run (0)."""
+    span = float(st.cfg.one_reference_span)
+    return span if one_ref and gam.ndim == 4 and span > 0 and _wide_exponent(dtype) else 0.0
+
+
+def _far_rows(st: Static, gam, dtype, causal: bool) -> jax.Array | None:
+    """``[B, T, HV]`` bool: the rows that one-reference diagonal blocks (:func:`_span`) get wrong, to redo with the
+    levels; None where they do not apply. A row is far once some key channel's gate has moved by
+    ``cfg.one_reference_span`` or more from its ``SUB``-row block's first row. ``causal`` (forward): that row and
+    every later row of its chunk (``T`` carries a wrong row into the later ones), so no row's choice reads a later
+    gate; else (gradient pass, whose diagonal products mix a block's rows): every row of that block."""
+    span = _span(st, gam, dtype, one_ref=True)
+    if not span:
+        return None
     B, T, HV, K = gam.shape
     blocks = gam.reshape(B, T // SUB, SUB, HV, K)
-    far = jnp.max(jnp.abs(blocks - blocks[:, :, :1]), axis=(2, 4)) >= span  # [B, T // SUB, HV]
-    return jnp.repeat(far, SUB, axis=1)
+    moved = jnp.max(jnp.abs(blocks - blocks[:, :, :1]), axis=4) >= span  # [B, T // SUB, SUB, HV]
+    if not causal:
+        return jnp.broadcast_to(jnp.any(moved, axis=2, keepdims=True), moved.shape).reshape(B, T, HV)
+    in_chunks = moved.reshape(B, T // st.chunk, st.chunk, HV)
+    return (jnp.cumsum(in_chunks, axis=2, dtype=jnp.int32) > 0).reshape(B, T, HV)
 
 
-def gradients(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
-    """:func:`grad`, with a per-key gate (delta rule) first with ``one_ref`` everywhere. Only if some block's gate
-    moves by ``cfg.one_reference_span`` or more (a ``lax.cond``: the second pass costs nothing when no block needs
-    it) is the pass run again with the levels, and those blocks' rows taken from it. XLA's GPU conditional copies
-    its predicate to the host and waits for it (outside CUDA graphs): one device-to-host wait per call (untimed).
-    Without it, the levels launches would have to run always, their programs exiting unless their block is far, and
-    write into the first pass's outputs in place (input-output aliasing per launch) so that no merge pass over every
-    gradient is needed."""
-    args = (st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
-    span = st.cfg.one_reference_span
-    if gam.ndim == 3 or beta is None or span <= 0 or not _wide_exponent(q.dtype):
-        return grad(*args)
-    far = _rows_beyond_span(gam, span)
+def _with_fallback(run, far: jax.Array | None) -> list:
+    """``run(one_ref)`` -> arrays ``[B, T, HV, ...]``: those of ``run(True)``, with the ``far`` rows (``[B, T, HV]``,
+    :func:`_far_rows`) taken from ``run(False)`` (the levels), which runs only when some row is far (a
+    ``lax.cond``: in the usual case, a gate that falls by less than the span in 16 steps, it costs nothing). The
+    other rows are the first pass's whichever branch runs. XLA's GPU conditional copies its predicate to the host
+    and waits for it (outside CUDA graphs): one device-to-host wait per call. Without it, the levels launches would
+    have to run always, their programs exiting unless their rows are far, writing in place into the first pass's
+    outputs (input-output aliasing per launch)."""
+    if far is None:
+        return list(run(False))
 
     def redo(fast):
-        return [jnp.where(far if x.ndim == 3 else far[..., None], y, x) for x, y in zip(fast, grad(*args), strict=True)]
+        return [jnp.where(far.reshape(far.shape + (1,) * (x.ndim - 3)), y, x)
+                for x, y in zip(fast, run(False), strict=True)]
 
-    return lax.cond(jnp.any(far), redo, lambda fast: fast, list(grad(*args, one_ref=True)))
+    return lax.cond(jnp.any(far), redo, lambda fast: fast, list(run(True)))
+
+
+def wy_pass(st: Static, k, v, gam, beta):
+    """:func:`wy` with one-reference diagonal blocks, the rows they get wrong redone (:func:`_with_fallback`)."""
+    far = _far_rows(st, gam, k.dtype, causal=True)
+    return tuple(_with_fallback(lambda one_ref: wy(st, k, v, gam, beta, one_ref), far))
+
+
+def output_pass(st: Static, q, k, vn, gam, h):
+    """:func:`output` with one-reference diagonal blocks, the rows they get wrong redone (:func:`_with_fallback`)."""
+    far = _far_rows(st, gam, q.dtype, causal=True)
+    return tuple(_with_fallback(lambda one_ref: output(st, q, k, vn, gam, h, one_ref), far))
+
+
+def gradient_pass(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
+    """:func:`grad` with one-reference diagonal blocks, the blocks they get wrong redone (:func:`_with_fallback`)."""
+    far = _far_rows(st, gam, q.dtype, causal=False)
+    return tuple(_with_fallback(lambda one_ref: grad(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref), far))
 
 
 def _forward(st: Static, q, k, v, gam, beta, h0):
     """Padded inputs -> ``(o, final state, residuals)``."""
-    u, w, t = wy(st, k, v, gam, beta) if beta is not None else (v, None, None)
+    u, w, t = wy_pass(st, k, v, gam, beta) if beta is not None else (v, None, None)
     h, vn, ht = state_fwd(st, k, gam, w, u, h0)
-    o, p = output(st, q, k, vn, gam, h)
+    o, p = output_pass(st, q, k, vn, gam, h)
     return o, ht, (q, k, v, gam, beta, w, t, h, vn, p)
 
 
@@ -877,10 +891,10 @@ def _backward(st: Static, res, do, dht):
     do = do.astype(q.dtype)
     dh, dvn, dh0 = state_bwd(st, q, k, gam, w, p, do, dht)
     if beta is None:
-        dq, dk, dgam = grad(st, q, k, v, None, gam, None, h, dh, vn, None, do)
+        dq, dk, dgam = gradient_pass(st, q, k, v, None, gam, None, h, dh, vn, None, do)
         dv, dbeta = dvn, None
     else:
-        dq, dk, dgam, dv, dbeta = gradients(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+        dq, dk, dgam, dv, dbeta = gradient_pass(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
         dbeta = dbeta.astype(beta.dtype)
     group = (B, T, H, v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(q.dtype)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.kernels import api, chunk_pallas, reference, tuning
-from hybrid_jax.kernels.chunk_pallas import _gram, chunk_recurrence
+from hybrid_jax.kernels.chunk_pallas import _block_gram, chunk_recurrence
 
 ARGS = ("q", "k", "v", "g", "beta", "h0")
 
@@ -221,54 +221,76 @@ def exact_gram(a, b, gam, strict: bool) -> np.ndarray:
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_kda_one_reference_diagonal_products(strict):
-    """The forward's diagonal-block products around one reference row (``one_reference_span``) are exact on a mild
-    gate, a gate that falls by 100 at row 8 (those rows take the levels) and a strong gate; the rows before the fall
-    are bit-identical to the mild gate's (which branch runs does not change them); and the one-reference form is
-    really taken (its rounding differs from the levels')."""
+    """A diagonal block's products around one reference row (``span > 0``) are exact on a mild gate and on the rows
+    before a fall of 100 at row 8, finite on every row (the factors are capped), wrong after the fall (the rows the
+    fallback redoes); with ``span = 0`` the levels are exact everywhere, and the one-reference form is really
+    another computation (its rounding differs)."""
     ks = jax.random.split(jax.random.PRNGKey(16), 3)
     a, b = (jax.random.normal(key, (16, 32)) for key in ks[:2])
     step = -jax.random.uniform(ks[2], (16, 32), maxval=0.3)
     mild = jnp.cumsum(step, axis=0)
     fallen = mild.at[8:].add(-100.0)
-    strong = jnp.cumsum(step * 100.0, axis=0)
-    gram = jax.jit(lambda gam, span: _gram(a, b, gam, strict, span=span), static_argnums=1)
-    for gam in (mild, fallen, strong):
-        g = np.asarray(gram(gam, 32.0))
-        assert np.all(np.isfinite(g)) and rel_rms(g, exact_gram(a, b, gam, strict)) <= 1e-6
-    np.testing.assert_array_equal(np.asarray(gram(fallen, 32.0))[:8], np.asarray(gram(mild, 32.0))[:8])
+    gram = jax.jit(lambda gam, span: _block_gram([a], [b], [gam], strict, False, span)[0][0], static_argnums=1)
+    for gam in (mild, fallen):
+        levels = np.asarray(gram(gam, 0.0))
+        assert rel_rms(levels, exact_gram(a, b, gam, strict)) <= 1e-6
+    assert rel_rms(gram(mild, 32.0), exact_gram(a, b, mild, strict)) <= 1e-6
+    g = np.asarray(gram(fallen, 32.0))
+    exact = exact_gram(a, b, fallen, strict)
+    assert np.all(np.isfinite(g))
+    assert rel_rms(g[:8], exact[:8]) <= 1e-6 and rel_rms(g[8:], exact[8:]) > 1e-2
     assert not np.array_equal(np.asarray(gram(mild, 32.0)), np.asarray(gram(mild, 0.0)))
 
 
-def test_kda_gradient_pass_one_reference_and_its_fallback():
-    """The KDA gradient pass takes one reference row per 16-row diagonal block everywhere, then redoes with the levels
-    only if some block's gate moves by ``one_reference_span`` or more, and takes that block's rows from the redo. On
-    a gate that is mild but for a fall of 100 inside the second of three blocks: values and gradients match the naive
-    recurrence; the fallen block's rows are the levels' (the one-reference form overflows there), the other rows the
-    one-reference form's, which really differs from the levels' in rounding."""
-    inputs, weights = make_inputs(17, B=1, T=48, per_key=True)
-    inputs["g"] = inputs["g"].at[:, 20].add(-100.0)  # rows 16-31: the second block
-    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
-
+def kda_stage_inputs(seed: int, fall_row: int):
+    """A KDA case at chunk 16 (three 16-row blocks) whose mild gate falls by 100 at ``fall_row``, and the arguments
+    of every stage: ``(static, {stage: args})``."""
+    inputs, weights = make_inputs(seed, B=1, T=48, per_key=True)
+    inputs["g"] = inputs["g"].at[:, fall_row].add(-100.0)
     q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
     st = chunk_pallas.Static(0.25, 16, tuning.recurrent_config(per_key=True), True)
     gam = jnp.cumsum(g.reshape(1, 3, 16, *g.shape[2:]), axis=2).reshape(g.shape)
-    _, _, res = chunk_pallas._forward(st, q, k, v, gam, beta, h0)
-    _, _, _, _, _, w, t, h, vn, p = res
+    u, w, t = chunk_pallas.wy_pass(st, k, v, gam, beta)
+    h, vn, _ = chunk_pallas.state_fwd(st, k, gam, w, u, h0)
+    _, p = chunk_pallas.output_pass(st, q, k, vn, gam, h)
     do = weights[0].astype(v.dtype)
     dh, dvn, _ = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1])
-    args = (st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
-    mixed, levels = chunk_pallas.gradients(*args), chunk_pallas.grad(*args)
-    fast = chunk_pallas.grad(*args, one_ref=True)
+    return st, {"wy": (k, v, gam, beta), "output": (q, k, vn, gam, h),
+                "grad": (q, k, v, beta, gam, t, h, dh, vn, dvn, do)}
+
+
+@pytest.mark.parametrize("stage, far_rows", [("wy", slice(20, 32)), ("output", slice(20, 32)),
+                                             ("grad", slice(16, 32))])
+def test_kda_one_reference_passes_and_their_fallback(stage, far_rows):
+    """Each KDA launch with diagonal blocks runs first around one reference row per block, then, since the gate falls
+    by 100 at row 20 (the second of three blocks), with the levels, whose values it takes on the far rows: in the
+    forward that row and the later ones of its chunk (a row's choice reads no later gate), in the gradient pass the
+    whole block. The far rows are the levels' bit for bit (the one-reference form is wrong there), the others the
+    one-reference form's, which really differs from the levels' in rounding. Values and gradients of the whole
+    recurrence on such a gate: ``test_kda_one_reference_fallback_end_to_end``."""
+    st, args = kda_stage_inputs(17, fall_row=20)
+    passes = {"wy": chunk_pallas.wy_pass, "output": chunk_pallas.output_pass, "grad": chunk_pallas.gradient_pass}
+    single = {"wy": chunk_pallas.wy, "output": chunk_pallas.output, "grad": chunk_pallas.grad}
+    mixed = passes[stage](st, *args[stage])
+    fast, levels = (single[stage](st, *args[stage], one_ref=one_ref) for one_ref in (True, False))
     far = np.zeros(48, bool)
-    far[16:32] = True
+    far[far_rows] = True
     for x, y, z in zip(mixed, fast, levels, strict=True):
         x, y, z = (np.asarray(a) for a in (x, y, z))
         assert np.all(np.isfinite(x))
         np.testing.assert_array_equal(x[:, far], z[:, far])
         np.testing.assert_array_equal(x[:, ~far], y[:, ~far])
-    assert not all(np.all(np.isfinite(np.asarray(y)[:, far])) for y in fast)  # the fallback is needed there
+    assert max(rel_rms(np.asarray(y)[:, far], np.asarray(z)[:, far]) for y, z in zip(fast, levels, strict=True)) > 1e-2
     mild = [(np.asarray(y)[:, ~far], np.asarray(z)[:, ~far]) for y, z in zip(fast, levels, strict=True)]
-    assert not all(np.array_equal(y, z) for y, z in mild)  # the one-reference form is really taken there
+    assert not all(np.array_equal(y, z) for y, z in mild)
+
+
+def test_kda_one_reference_fallback_end_to_end():
+    """Values and gradients against the naive recurrence on a mild gate that falls by 100 inside the second of three
+    16-row blocks (every launch's fallback runs)."""
+    inputs, weights = make_inputs(17, B=1, T=48, per_key=True)
+    inputs["g"] = inputs["g"].at[:, 20].add(-100.0)
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
 
 
 def test_rejects_bad_chunk_size():
