@@ -98,11 +98,11 @@ def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
 
 
 STAGES = {
-    "wy": chunk_pallas.wy_pass,
+    "wy": chunk_pallas.wy,
     "state": chunk_pallas.state_fwd,
-    "output": chunk_pallas.output_pass,
+    "output": chunk_pallas.output,
     "state_bwd": chunk_pallas.state_bwd,
-    "grad": chunk_pallas.gradient_pass,
+    "grad": chunk_pallas.grad,
 }
 
 
@@ -121,11 +121,11 @@ def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
     u, w, t = (v, None, None)
     if s.delta:
         args["wy"] = (k, v, gam, beta)
-        u, w, t = chunk_pallas.wy_pass(st, *args["wy"])
+        u, w, t = chunk_pallas.wy(st, *args["wy"])
     args["state"] = (k, gam, w, u, h0)
     h, vn, _ = chunk_pallas.state_fwd(st, *args["state"])
     args["output"] = (q, k, vn, gam, h)
-    _, p = chunk_pallas.output_pass(st, *args["output"])
+    _, p = chunk_pallas.output(st, *args["output"])
     args["state_bwd"] = (q, k, gam, w, p, do, h0)
     dh, dvn, _ = chunk_pallas.state_bwd(st, *args["state_bwd"])
     args["grad"] = (q, k, v, beta, gam, t, h, dh, vn, dvn if s.delta else None, do)

@@ -34,11 +34,11 @@ A pair in two different blocks is decayed around ``r`` = ``gamma`` at the first 
 (:func:`_cross_factors`). Inside a diagonal block the factorisation is hierarchical (:func:`_level_factors`): each
 pair ``j < i`` belongs to the one level at which ``i`` and ``j`` fall in different halves of a ``2^(l+1)``-row block,
 and there the reference is ``gamma`` at the first row of ``i``'s half. No factor exceeds 1 at any gate (tiny values
-underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. Each launch first runs with
-one matmul around the block's first row in place of the levels (factors up to ``exp(cfg.one_reference_span)``),
-exact where the gate moves by less than the span within the block; only if some row moves further does a second
-launch with the levels run, and those rows are taken from it (:func:`_with_fallback`; in the forward a row's choice
-reads no later gate, so no output depends on one).
+underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. Each such kernel first runs
+with one matmul around the block's first row in place of the levels (factors up to ``exp(cfg.one_reference_span)``),
+exact where the gate moves by less than the span within the block; a second launch with the levels then rewrites,
+in place, only the rows that moved further, its other programs exiting after one gate load
+(:func:`_diagonal_launches`; in the forward a row's choice reads no later gate, so no output depends on one).
 FLA computes its diagonal blocks token by token (or with a midpoint anchor that can read a later gate). The kernels
 work on lists of row blocks (loaded and stored by ``pl.ds`` slices of the chunk's tiles: Triton has no
 concatenation); ``T`` becomes block lower-triangular by forward substitution over the blocks
@@ -542,6 +542,14 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h
     return dk, dgam, dv, db
 
 
+def _first_k_tile(tiled: bool, first=None):
+    """With the key dim tiled, whether this program has the first K tile, else None. ``first``: that, read by a
+    caller that runs the kernel under ``pl.when`` (interpret mode reads program ids only outside it)."""
+    if not tiled:
+        return None
+    return pl.program_id(3) == 0 if first is None else first
+
+
 def _store_once(first, ref, blocks: list[jax.Array]) -> None:
     """Store value-space blocks, the same in every K tile: in the first tile only when the key dim is tiled
     (``first`` a traced bool; None: not tiled)."""
@@ -551,7 +559,7 @@ def _store_once(first, ref, blocks: list[jax.Array]) -> None:
         pl.when(first)(lambda: _store_blocks(ref, blocks))
 
 
-def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float):
+def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, first=None):
     """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
     fused in). ``span``: see :func:`_block_decay_matmul`."""
     if delta:
@@ -560,7 +568,7 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float):
     else:
         q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
     per_key = len(gam_ref.shape) == 2
-    first = pl.program_id(3) == 0 if tiled else None
+    first = _first_k_tile(tiled, first)
     k, gam, h, vn = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...], _blocks(vn_ref, per_key)
     dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], vn, _blocks(do_ref, per_key),
                                         scale, span)
@@ -578,11 +586,11 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float):
 
 
 def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
-                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool, span: float):
+                    dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool, span: float, first=None):
     """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass): dk, d(gamma), dv,
     dbeta. ``span``: see :func:`_block_decay_matmul`."""
     per_key = len(gam_ref.shape) == 2
-    first = pl.program_id(3) == 0 if tiled else None
+    first = _first_k_tile(tiled, first)
     k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
     dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...],
                                            _blocks(dvn_ref, per_key), first, span)
@@ -595,17 +603,94 @@ def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_r
 # ------------------------------------------------------------------------------------------------ pallas calls
 
 
-def _call(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_specs, out_shape):
+def _call(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_specs, out_shape, aliases=None):
     return pl.pallas_call(
         kernel,
         grid=grid,
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
+        input_output_aliases=aliases or {},
         compiler_params=pltriton.CompilerParams(num_warps=launch.num_warps, num_stages=launch.num_stages),
         interpret=st.interpret,
         name=name,
     )
+
+
+def _span(st: Static, gam, dtype) -> float:
+    """``cfg.one_reference_span`` where one-reference diagonal blocks apply: a per-key gate and bf16 or float32
+    inputs (factors up to ``exp(span)``); else 0 (the levels)."""
+    span = float(st.cfg.one_reference_span)
+    return span if gam.ndim == 4 and span > 0 and _wide_exponent(dtype) else 0.0
+
+
+def _far_blocks(gam: list[jax.Array], span: float, causal: bool) -> list[jax.Array]:
+    """``[SUB]`` bool per row block of a chunk's per-key gate: the rows that one-reference diagonal blocks get wrong.
+    A row is far once some key channel's gate has moved by ``span`` or more from its block's first row. ``causal``
+    (forward): that row and every later row of the chunk (``T`` carries a wrong row into the later ones), so no
+    row's choice reads a later gate; else (gradient pass, whose diagonal products mix a block's rows): every row of
+    that block."""
+    far, carry = [], None
+    for g in gam:
+        moved = (jnp.max(jnp.abs(g - _row(g, 0)[None, :]), axis=1) >= span).astype(F32)
+        if causal:  # any row j <= i, and any row of an earlier block
+            f = jnp.max(jnp.where(_tri(g.shape[0], strict=False), moved[None, :], 0.0), axis=1)
+            f = f if carry is None else jnp.maximum(f, carry)
+            carry = _row(f, -1)
+        else:
+            f = jnp.zeros_like(moved) + jnp.max(moved)
+        far.append(f > 0)
+    return far
+
+
+class _FarRowsOnly:
+    """An output ref whose row-block stores (``ref[pl.ds(i * SUB, SUB), ...] = x``) change only the rows that
+    ``far[i]`` marks: the others keep what the ref holds (the one-reference launch's values, aliased)."""
+
+    def __init__(self, ref, far: list[jax.Array]):
+        self.ref, self.far, self.shape, self.dtype = ref, far, ref.shape, ref.dtype
+
+    def __setitem__(self, idx, x):
+        rows = idx[0]
+        far = self.far[rows.start // rows.size]
+        self.ref[idx] = jnp.where(far.reshape(far.shape + (1,) * (x.ndim - 1)), x.astype(self.dtype), self.ref[idx])
+
+
+def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, causal: bool, tiled: bool):
+    """``kernel`` with the levels, run only by the programs whose chunk has far rows (:func:`_far_blocks`), storing
+    only those rows. ``refs``: the ``n_in`` inputs, the one-reference launch's outputs (aliased to this launch's
+    outputs, through which :class:`_FarRowsOnly` reads them), this launch's outputs. ``tiled``: the grid has a
+    K-tile axis (:func:`_first_k_tile`)."""
+    n_out = (len(refs) - n_in) // 2
+    ins, outs = refs[:n_in], refs[n_in + n_out:]
+    far = _far_blocks(_blocks(ins[gam_index], per_key=True), span, causal)
+    any_far = _sum([jnp.max(f.astype(F32)) for f in far]) > 0
+    kw = {"first": _first_k_tile(True)} if tiled else {}
+    pl.when(any_far)(lambda: kernel(*ins, *(_FarRowsOnly(r, far) for r in outs), **kw))
+
+
+def _diagonal_launches(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_specs, out_shape, *,
+                       gam_index: int, causal: bool, redo_far: bool):
+    """-> ``fn(*inputs)``: the launches of a kernel with diagonal row blocks (``kernel(*refs, span=...)``,
+    :func:`_block_gram`; ``inputs[gam_index]`` is the gate). With a per-key gate (:func:`_span`) two: one around one
+    reference row per block (``name``), then one with the levels (``name_levels``) whose programs exit unless their
+    chunk has rows the first gets wrong (:func:`_far_blocks`), and which writes only those rows, in place (its
+    outputs aliased to the first's). With a gate that moves by less than the span within every 16 rows (the usual
+    case) the second costs one gate load per program; no host round trip decides whether it runs. ``redo_far=False``:
+    the first launch alone (its far rows wrong; for tests). Otherwise one launch with the levels."""
+
+    def run(*inputs):
+        span = _span(st, inputs[gam_index], inputs[0].dtype)
+        first = _call(functools.partial(kernel, span=span), name, launch, st, grid, in_specs, out_specs, out_shape)
+        if not span or not redo_far:
+            return first(*inputs)
+        n_in = len(inputs)
+        levels = functools.partial(_levels_on_far_rows, kernel=functools.partial(kernel, span=0.0), n_in=n_in,
+                                   gam_index=gam_index, span=span, causal=causal, tiled=len(grid) == 4)
+        return _call(levels, f"{name}_levels", launch, st, grid, in_specs + out_specs, out_specs, out_shape,
+                     {n_in + i: i for i in range(len(out_specs))})(*inputs, *first(*inputs))
+
+    return run
 
 
 class _Specs:
@@ -679,18 +764,18 @@ def _dims(st: Static, q, v, gam):
 # Stages: one pallas_call each, on padded arrays (benchmarks/autotune.py times them one by one).
 
 
-def wy(st: Static, k, v, gam, beta, one_ref: bool = False):
+def wy(st: Static, k, v, gam, beta, redo_far: bool = True):
     """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]``, ``T [B,T,HV,C]`` (row t of its chunk), in the input dtype
-    (T is computed in float32). ``one_ref``: see :func:`_span`."""
+    (T is computed in float32). ``redo_far``: see :func:`_diagonal_launches`."""
     B, T, HV, K, V, N, _, s = _dims(st, k, v, gam)
     sds = jax.ShapeDtypeStruct
-    return _call(
-        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32,
-                          span=_span(st, gam, k.dtype, one_ref)), "wy_fwd",
+    return _diagonal_launches(
+        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32), "wy_fwd",
         st.cfg.wy, st, (B, HV, N),
         [s.qk(K), s.tok(V), s.gate(), s.vec()],
         [s.tok(V), s.tok(K), s.tok(st.chunk)],
         [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), sds((B, T, HV, st.chunk), k.dtype)],
+        gam_index=2, causal=True, redo_far=redo_far,
     )(k, v, gam, beta)
 
 
@@ -721,19 +806,19 @@ def state_fwd(st: Static, k, gam, w, u, h0):
     return h, u, ht
 
 
-def output(st: Static, q, k, vn, gam, h, one_ref: bool = False):
+def output(st: Static, q, k, vn, gam, h, redo_far: bool = True):
     """-> ``o [B,T,HV,V]`` and, with a per-key gate, ``P [B,T,HV,C]`` (row t of its chunk, input dtype), else
-    None. ``one_ref``: see :func:`_span`."""
+    None. ``redo_far``: see :func:`_diagonal_launches`."""
     B, T, HV, K, V, N, _, s = _dims(st, q, vn, gam)
     sds = jax.ShapeDtypeStruct
     per_key = gam.ndim == 4
-    outs = _call(
-        functools.partial(_output_kernel, scale=st.scale, f32_decay=st.cfg.decay_operands_f32,
-                          span=_span(st, gam, q.dtype, one_ref)), "output_fwd",
+    outs = _diagonal_launches(
+        functools.partial(_output_kernel, scale=st.scale, f32_decay=st.cfg.decay_operands_f32), "output_fwd",
         st.cfg.output, st, (B, HV, N),
         [s.qk(K), s.qk(K), s.tok(V), s.gate(), s.snap(K, V)],
         [s.tok(V)] + ([s.tok(st.chunk)] if per_key else []),
         [sds((B, T, HV, V), vn.dtype)] + ([sds((B, T, HV, st.chunk), q.dtype)] if per_key else []),
+        gam_index=3, causal=True, redo_far=redo_far,
     )(q, k, vn, gam, h)
     return outs[0], (outs[1] if per_key else None)
 
@@ -760,7 +845,7 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht):
     )(*ins)
 
 
-def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = False):
+def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, redo_far: bool = True):
     """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule
     (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32.
 
@@ -768,14 +853,13 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = 
     state update, ``grad_wy`` through the WY transform, summed here) instead of one, so that neither program
     holds every tile at once (the fused kernel spills registers at large K V). With ``cfg.block_k < K`` each
     launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's d(gamma)) comes out as
-    one partial sum per tile, added here. ``one_ref``: see :func:`_span`."""
+    one partial sum per tile, added here. ``redo_far``: see :func:`_diagonal_launches`."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
     delta = beta is not None
     BK = min(st.cfg.block_k or K, K)
     tiled = BK < K
-    span = _span(st, gam, q.dtype, one_ref)
     grid = (B, HV, N, K // BK) if tiled else (B, HV, N)
     parts = sds((B, T, HV, K // BK), F32)  # one partial sum per K tile
     dgam_parts = tiled and gam.ndim == 3  # a scalar gate's d(gamma) sums over K
@@ -788,100 +872,34 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref: bool = 
     wy_specs = [s.tok(V), s.part() if tiled else s.vec()]
     wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
     if not delta or split:
-        dq, dk, dgam = _call(
-            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled, span=span), "grad_bwd",
-            st.cfg.grad, st, grid,
+        dq, dk, dgam = _diagonal_launches(
+            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled), "grad_bwd", st.cfg.grad, st,
+            grid,
             [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)],
-            out_specs, out_shape,
+            out_specs, out_shape, gam_index=2, causal=False, redo_far=redo_far,
         )(q, k, gam, h, dh, vn, do)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
-        dk_wy, dgam_wy, dv, dbeta = _call(
-            functools.partial(_grad_wy_kernel, tiled=tiled, span=span), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
+        dk_wy, dgam_wy, dv, dbeta = _diagonal_launches(
+            functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
             [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)],
-            out_specs[1:] + wy_specs,
-            out_shape[1:] + wy_shape,
+            out_specs[1:] + wy_specs, out_shape[1:] + wy_shape, gam_index=3, causal=False, redo_far=redo_far,
         )(k, v, beta, gam, vn, t, h, dvn)
         return dq, dk + dk_wy, summed(dgam + dgam_wy, dgam_parts), dv, summed(dbeta, tiled)
-    dq, dk, dgam, dv, dbeta = _call(
-        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled, span=span), "grad_bwd",
-        st.cfg.grad, st, grid,
+    dq, dk, dgam, dv, dbeta = _diagonal_launches(
+        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),
          s.tok(V), s.tok(V)],
-        out_specs + wy_specs,
-        out_shape + wy_shape,
+        out_specs + wy_specs, out_shape + wy_shape, gam_index=4, causal=False, redo_far=redo_far,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 
 
-def _span(st: Static, gam, dtype, one_ref: bool) -> float:
-    """The kernels' ``span``. ``one_ref`` asks for each diagonal row block's decayed products in one matmul around
-    its first row, exact only where no key channel's gate moves by ``cfg.one_reference_span`` or more from that row
-    (:func:`_block_gram`); it applies with a per-key gate, ``one_reference_span > 0`` and bf16 or float32 inputs
-    (factors up to ``exp(span)``), else the levels run (0)."""
-    span = float(st.cfg.one_reference_span)
-    return span if one_ref and gam.ndim == 4 and span > 0 and _wide_exponent(dtype) else 0.0
-
-
-def _far_rows(st: Static, gam, dtype, causal: bool) -> jax.Array | None:
-    """``[B, T, HV]`` bool: the rows that one-reference diagonal blocks (:func:`_span`) get wrong, to redo with the
-    levels; None where they do not apply. A row is far once some key channel's gate has moved by
-    ``cfg.one_reference_span`` or more from its ``SUB``-row block's first row. ``causal`` (forward): that row and
-    every later row of its chunk (``T`` carries a wrong row into the later ones), so no row's choice reads a later
-    gate; else (gradient pass, whose diagonal products mix a block's rows): every row of that block."""
-    span = _span(st, gam, dtype, one_ref=True)
-    if not span:
-        return None
-    B, T, HV, K = gam.shape
-    blocks = gam.reshape(B, T // SUB, SUB, HV, K)
-    moved = jnp.max(jnp.abs(blocks - blocks[:, :, :1]), axis=4) >= span  # [B, T // SUB, SUB, HV]
-    if not causal:
-        return jnp.broadcast_to(jnp.any(moved, axis=2, keepdims=True), moved.shape).reshape(B, T, HV)
-    in_chunks = moved.reshape(B, T // st.chunk, st.chunk, HV)
-    return (jnp.cumsum(in_chunks, axis=2, dtype=jnp.int32) > 0).reshape(B, T, HV)
-
-
-def _with_fallback(run, far: jax.Array | None) -> list:
-    """``run(one_ref)`` -> arrays ``[B, T, HV, ...]``: those of ``run(True)``, with the ``far`` rows (``[B, T, HV]``,
-    :func:`_far_rows`) taken from ``run(False)`` (the levels), which runs only when some row is far (a
-    ``lax.cond``: in the usual case, a gate that falls by less than the span in 16 steps, it costs nothing). The
-    other rows are the first pass's whichever branch runs. XLA's GPU conditional copies its predicate to the host
-    and waits for it (outside CUDA graphs): one device-to-host wait per call. Without it, the levels launches would
-    have to run always, their programs exiting unless their rows are far, writing in place into the first pass's
-    outputs (input-output aliasing per launch)."""
-    if far is None:
-        return list(run(False))
-
-    def redo(fast):
-        return [jnp.where(far.reshape(far.shape + (1,) * (x.ndim - 3)), y, x)
-                for x, y in zip(fast, run(False), strict=True)]
-
-    return lax.cond(jnp.any(far), redo, lambda fast: fast, list(run(True)))
-
-
-def wy_pass(st: Static, k, v, gam, beta):
-    """:func:`wy` with one-reference diagonal blocks, the rows they get wrong redone (:func:`_with_fallback`)."""
-    far = _far_rows(st, gam, k.dtype, causal=True)
-    return tuple(_with_fallback(lambda one_ref: wy(st, k, v, gam, beta, one_ref), far))
-
-
-def output_pass(st: Static, q, k, vn, gam, h):
-    """:func:`output` with one-reference diagonal blocks, the rows they get wrong redone (:func:`_with_fallback`)."""
-    far = _far_rows(st, gam, q.dtype, causal=True)
-    return tuple(_with_fallback(lambda one_ref: output(st, q, k, vn, gam, h, one_ref), far))
-
-
-def gradient_pass(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do):
-    """:func:`grad` with one-reference diagonal blocks, the blocks they get wrong redone (:func:`_with_fallback`)."""
-    far = _far_rows(st, gam, q.dtype, causal=False)
-    return tuple(_with_fallback(lambda one_ref: grad(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do, one_ref), far))
-
-
 def _forward(st: Static, q, k, v, gam, beta, h0):
     """Padded inputs -> ``(o, final state, residuals)``."""
-    u, w, t = wy_pass(st, k, v, gam, beta) if beta is not None else (v, None, None)
+    u, w, t = wy(st, k, v, gam, beta) if beta is not None else (v, None, None)
     h, vn, ht = state_fwd(st, k, gam, w, u, h0)
-    o, p = output_pass(st, q, k, vn, gam, h)
+    o, p = output(st, q, k, vn, gam, h)
     return o, ht, (q, k, v, gam, beta, w, t, h, vn, p)
 
 
@@ -891,10 +909,10 @@ def _backward(st: Static, res, do, dht):
     do = do.astype(q.dtype)
     dh, dvn, dh0 = state_bwd(st, q, k, gam, w, p, do, dht)
     if beta is None:
-        dq, dk, dgam = gradient_pass(st, q, k, v, None, gam, None, h, dh, vn, None, do)
+        dq, dk, dgam = grad(st, q, k, v, None, gam, None, h, dh, vn, None, do)
         dv, dbeta = dvn, None
     else:
-        dq, dk, dgam, dv, dbeta = gradient_pass(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
         dbeta = dbeta.astype(beta.dtype)
     group = (B, T, H, v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(q.dtype)

@@ -39,13 +39,12 @@ class RecurrentConfig:
     products are recomputed in each tile; on the H200 at K = 128 that is slower (GDN fwd+bwd 2.53 -> 2.86 ms at
     ``block_k=64``, KDA 5.26 -> 5.75), so every table leaves it off.
     ``one_reference_span`` (per-key gate): inside a 16-row diagonal block, one matmul around the block's first row
-    instead of one per level of the hierarchical factorisation (log2(16) = 4), where the cumulated gate moves by less
-    than this from that row (factors up to ``exp(span)``); 0: always the levels. Bf16 and float32 operands only.
-    Forward (``A`` in ``wy``, ``P`` in ``output``): row by row, the rows before the fall; on the H200 at the KDA
-    anchor, against 0, the forward took 8-20% less and the forward+backward 4-9% less, in three commands. Gradient
-    pass: every block, then, only if some block moves further, the pass again with the levels for those blocks'
-    rows; compiled offline for sm90 it executes 41-47% fewer instructions per token and no longer spills (untimed on
-    a GPU).
+    instead of one per level of the hierarchical factorisation (log2(16) = 4), exact where the cumulated gate moves
+    by less than this from that row (factors up to ``exp(span)``); a second launch with the levels rewrites the other
+    rows in place (``wy``, ``output``, ``grad``, ``grad_wy``); 0: the levels alone. Bf16 and float32 operands only.
+    On the H200 at the KDA anchor, against 0: the forward 9-16% less, the forward+backward 4-7% less, the gradient
+    pass 8-16% less (four commands). Compiled offline for sm90 the first launches execute 41-61% fewer instructions
+    and no longer spill.
     """
 
     chunk: int = 64

@@ -17,13 +17,13 @@ SHAPE = {s.name: s for s in SHAPES}
 
 def test_lowered_kernels_carry_the_table_launches():
     """Every launch of the KDA forward + backward, once each, with its Triton IR and the sm90 table's launch; those
-    with diagonal blocks twice (one reference row per block, and the levels they fall back to)."""
+    with diagonal blocks twice (one reference row per block, then the levels on the rows it gets wrong)."""
     fn, args = recurrence_case(SHAPE["kda_300m"], "sm90")
     kernels = lowered_kernels(fn, args, "sm90")
     cfg = recurrent_config("sm90", per_key=True)
-    expected = {"wy_fwd": cfg.wy, "wy_fwd.2": cfg.wy, "state_fwd": cfg.state, "output_fwd": cfg.output,
-                "output_fwd.2": cfg.output, "state_bwd": cfg.state_bwd, "grad_bwd": cfg.grad, "grad_wy_bwd": cfg.grad_wy,
-                "grad_bwd.2": cfg.grad, "grad_wy_bwd.2": cfg.grad_wy}
+    expected = {"wy_fwd": cfg.wy, "wy_fwd_levels": cfg.wy, "state_fwd": cfg.state, "output_fwd": cfg.output,
+                "output_fwd_levels": cfg.output, "state_bwd": cfg.state_bwd, "grad_bwd": cfg.grad,
+                "grad_bwd_levels": cfg.grad, "grad_wy_bwd": cfg.grad_wy, "grad_wy_bwd_levels": cfg.grad_wy}
     assert [k.name for k in kernels] == list(expected)
     for k in kernels:
         assert (k.num_warps, k.num_stages) == (expected[k.name].num_warps, expected[k.name].num_stages)

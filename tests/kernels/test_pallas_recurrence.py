@@ -121,9 +121,12 @@ def test_split_gradient_pass(per_key):
 @pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
 def test_gradient_pass_tiled_over_keys(kind, split_grad_from):
     """The gradient pass in K tiles (``block_k``: two tiles of 16 at K = 32, the value-space terms counted once, the
-    sums over K added from per-tile parts) gives the same values and gradients."""
+    sums over K added from per-tile parts) gives the same values and gradients. KDA: with a gate that falls by 100
+    at row 20 in the second tile's channels only, so that the tiles disagree on which rows the levels redo."""
     per_key = kind == "kda"
     inputs, weights = make_inputs(15, T=37, K=32, delta=kind != "gla", per_key=per_key)
+    if per_key:
+        inputs["g"] = inputs["g"].at[:, 20, :, 16:].add(-100.0)
     config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_k=16,
                                  split_grad_from=split_grad_from)
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
@@ -250,9 +253,9 @@ def kda_stage_inputs(seed: int, fall_row: int):
     q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
     st = chunk_pallas.Static(0.25, 16, tuning.recurrent_config(per_key=True), True)
     gam = jnp.cumsum(g.reshape(1, 3, 16, *g.shape[2:]), axis=2).reshape(g.shape)
-    u, w, t = chunk_pallas.wy_pass(st, k, v, gam, beta)
+    u, w, t = chunk_pallas.wy(st, k, v, gam, beta)
     h, vn, _ = chunk_pallas.state_fwd(st, k, gam, w, u, h0)
-    _, p = chunk_pallas.output_pass(st, q, k, vn, gam, h)
+    _, p = chunk_pallas.output(st, q, k, vn, gam, h)
     do = weights[0].astype(v.dtype)
     dh, dvn, _ = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1])
     return st, {"wy": (k, v, gam, beta), "output": (q, k, vn, gam, h),
@@ -262,17 +265,17 @@ def kda_stage_inputs(seed: int, fall_row: int):
 @pytest.mark.parametrize("stage, far_rows", [("wy", slice(20, 32)), ("output", slice(20, 32)),
                                              ("grad", slice(16, 32))])
 def test_kda_one_reference_passes_and_their_fallback(stage, far_rows):
-    """Each KDA launch with diagonal blocks runs first around one reference row per block, then, since the gate falls
-    by 100 at row 20 (the second of three blocks), with the levels, whose values it takes on the far rows: in the
+    """Each KDA kernel with diagonal blocks runs first around one reference row per block, then, since the gate
+    falls by 100 at row 20 (the second of three blocks), with the levels, which rewrite the far rows in place: in the
     forward that row and the later ones of its chunk (a row's choice reads no later gate), in the gradient pass the
     whole block. The far rows are the levels' bit for bit (the one-reference form is wrong there), the others the
     one-reference form's, which really differs from the levels' in rounding. Values and gradients of the whole
     recurrence on such a gate: ``test_kda_one_reference_fallback_end_to_end``."""
     st, args = kda_stage_inputs(17, fall_row=20)
-    passes = {"wy": chunk_pallas.wy_pass, "output": chunk_pallas.output_pass, "grad": chunk_pallas.gradient_pass}
-    single = {"wy": chunk_pallas.wy, "output": chunk_pallas.output, "grad": chunk_pallas.grad}
-    mixed = passes[stage](st, *args[stage])
-    fast, levels = (single[stage](st, *args[stage], one_ref=one_ref) for one_ref in (True, False))
+    launch = {"wy": chunk_pallas.wy, "output": chunk_pallas.output, "grad": chunk_pallas.grad}[stage]
+    mixed, fast = (launch(st, *args[stage], redo_far=redo) for redo in (True, False))
+    st_levels = dataclasses.replace(st, cfg=dataclasses.replace(st.cfg, one_reference_span=0))
+    levels = launch(st_levels, *args[stage])
     far = np.zeros(48, bool)
     far[far_rows] = True
     for x, y, z in zip(mixed, fast, levels, strict=True):
