@@ -241,14 +241,16 @@ def _store_lower(ref, m: list[list[jax.Array]]) -> None:
             ref[pl.ds(i * S, S), pl.ds(j * S, S)] = x.astype(ref.dtype)
 
 
-def _cross_factors(gam_i: jax.Array, gam_j: jax.Array, span: float = math.inf) -> tuple[jax.Array, jax.Array]:
+def _cross_factors(gam_i: jax.Array, gam_j: jax.Array, cap: float | None = None) -> tuple[jax.Array, jax.Array]:
     """``(exp(gamma_i - r), exp(r - gamma_j))`` for the rows of block ``i`` and of an earlier block ``j``, around
     ``r`` = gamma at block ``i``'s first row: both <= 1 (``gamma`` is non-increasing), and their product is
     ``exp(gamma_i - gamma_j)``; no gate after row ``i`` is read. With ``j = i`` (a diagonal block around one
-    reference row) the second factor is up to ``exp`` of the block's fall, capped at ``exp(span)``: exact on the
-    rows that fall by less than ``span`` from ``r``, finite (and wrong) on the others."""
+    reference row) the second factor is up to ``exp`` of the block's fall, capped at ``exp(cap)``: exact on the
+    rows that fall by less than ``cap`` from ``r``, finite (and wrong) on the others."""
     r = _row(gam_i, 0)[None, :]
-    return jnp.exp(gam_i - r), jnp.exp(jnp.minimum(r - gam_j, span))
+    row_f = jnp.exp(gam_i - r)  # before the column factor: the order of the timed builds' Triton IR
+    fall = r - gam_j
+    return row_f, jnp.exp(fall if cap is None else jnp.minimum(fall, cap))
 
 
 def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, span: float) -> list[list[jax.Array]]:
@@ -261,7 +263,7 @@ def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, s
         cd = F32 if f32_operands else a[i].dtype
         row = []
         for j in range(i + 1 if span > 0 else i):
-            row_f, col_f = _cross_factors(gam[i], gam[j], span)
+            row_f, col_f = _cross_factors(gam[i], gam[j], span if i == j else None)
             x = _dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T)
             row.append(jnp.where(_tri(x.shape[0], strict), x, 0.0) if i == j else x)
         g.append(row if span > 0 else row + [_gram(a[i], b[i], gam[i], strict, f32_operands)])
@@ -279,7 +281,7 @@ def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bo
     for i in range(n):
         for j in range(i + 1 if span > 0 else i):
             mij = jnp.where(_tri(m[i][i].shape[0], strict), m[i][i], 0.0) if i == j else m[i][j]
-            row_f, col_f = _cross_factors(gam[i], gam[j], span)
+            row_f, col_f = _cross_factors(gam[i], gam[j], span if i == j else None)
             if transpose:
                 t, term = j, col_f * _dot(mij.T.astype(cd), (b[i].astype(F32) * row_f).astype(cd))
             else:
