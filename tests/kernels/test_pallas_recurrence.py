@@ -288,12 +288,14 @@ def test_kda_one_reference_passes_and_their_fallback(stage, far_rows):
     assert not all(np.array_equal(y, z) for y, z in mild)
 
 
-def test_kda_one_reference_fallback_end_to_end():
-    """Values and gradients against the naive recurrence on a mild gate that falls by 100 inside the second of three
-    16-row blocks (every launch's fallback runs)."""
+@pytest.mark.parametrize("chunk, fall_row", [(16, 20), (32, 8)])
+def test_kda_one_reference_fallback_end_to_end(chunk, fall_row):
+    """Values and gradients against the naive recurrence on a mild gate that falls by 100 at one row (every launch's
+    fallback runs). Chunk 32, row 8: the first of two blocks falls, and the second block's rows, though their own
+    gate is mild, must be redone too, as ``T`` carries the first block's wrong rows into them."""
     inputs, weights = make_inputs(17, B=1, T=48, per_key=True)
-    inputs["g"] = inputs["g"].at[:, 20].add(-100.0)
-    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+    inputs["g"] = inputs["g"].at[:, fall_row].add(-100.0)
+    check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
 
 
 def test_rejects_bad_chunk_size():
