@@ -253,40 +253,45 @@ def _cross_factors(gam_i: jax.Array, gam_j: jax.Array, cap: float | None = None)
     return row_f, jnp.exp(fall if cap is None else jnp.minimum(fall, cap))
 
 
-def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, span: float) -> list[list[jax.Array]]:
-    """:func:`_gram` over row blocks: ``G[i][j]`` (float32) for ``j <= i``. ``span > 0`` (per-key gate): each
-    diagonal block too in one matmul around its first row (:func:`_cross_factors`), exact only on the rows whose
-    gate has fallen by less than ``span`` from that row in every key channel (the caller redoes the others with
-    ``span = 0``: the levels)."""
-    g = []
-    for i in range(len(a)):
-        cd = F32 if f32_operands else a[i].dtype
-        row = []
+def _one_matmul_pairs(n: int, span: float):
+    """The pairs ``(i, j, cap)`` of ``n`` row blocks whose decayed products take one matmul, with the factors of
+    :func:`_cross_factors` (``cap`` its argument): every ``j < i`` and, with ``span > 0`` (per-key gate), the
+    diagonal blocks ``j = i`` too, around their first row, exact only on the rows whose gate has fallen by less than
+    ``span`` from that row in every key channel (the caller redoes the others with ``span = 0``: the levels,
+    :func:`_diagonal_launches`). The caller keeps a diagonal block's lower triangle."""
+    for i in range(n):
         for j in range(i + 1 if span > 0 else i):
-            row_f, col_f = _cross_factors(gam[i], gam[j], span if i == j else None)
-            x = _dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T)
-            row.append(jnp.where(_tri(x.shape[0], strict), x, 0.0) if i == j else x)
-        g.append(row if span > 0 else row + [_gram(a[i], b[i], gam[i], strict, f32_operands)])
+            yield i, j, span if i == j else None
+
+
+def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, span: float) -> list[list[jax.Array]]:
+    """:func:`_gram` over row blocks: ``G[i][j]`` (float32) for ``j <= i``; the pairs of :func:`_one_matmul_pairs`
+    in one matmul each, the other diagonal blocks by the levels."""
+    g = [[] for _ in a]
+    for i, j, cap in _one_matmul_pairs(len(a), span):
+        cd = F32 if f32_operands else a[i].dtype
+        row_f, col_f = _cross_factors(gam[i], gam[j], cap)
+        x = _dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T)
+        g[i].append(jnp.where(_tri(x.shape[0], strict), x, 0.0) if i == j else x)
+    if span <= 0:
+        for i, row in enumerate(g):
+            row.append(_gram(a[i], b[i], gam[i], strict, f32_operands))
     return g
 
 
 def _block_decay_matmul(m: list, b: list, gam: list, strict: bool, transpose: bool, span: float) -> list[jax.Array]:
-    """:func:`_decay_matmul` over row blocks (per-key gate): ``m`` lower block-triangular, ``b``/``gam`` blocks.
-    ``span > 0``: each diagonal block too in one matmul around its first row (as a pair of blocks is), instead of
-    one per level; exact only in the blocks whose gate moves by less than ``span`` from that row in every key
-    channel (the caller redoes the others with ``span = 0``)."""
-    n = len(b)
+    """:func:`_decay_matmul` over row blocks (per-key gate): ``m`` lower block-triangular, ``b``/``gam`` blocks; the
+    pairs of :func:`_one_matmul_pairs` in one matmul each, the other diagonal blocks by the levels."""
     cd = b[0].dtype
-    y = [None if span > 0 else _decay_matmul(m[i][i], b[i], gam[i], strict, transpose) for i in range(n)]
-    for i in range(n):
-        for j in range(i + 1 if span > 0 else i):
-            mij = jnp.where(_tri(m[i][i].shape[0], strict), m[i][i], 0.0) if i == j else m[i][j]
-            row_f, col_f = _cross_factors(gam[i], gam[j], span if i == j else None)
-            if transpose:
-                t, term = j, col_f * _dot(mij.T.astype(cd), (b[i].astype(F32) * row_f).astype(cd))
-            else:
-                t, term = i, row_f * _dot(mij.astype(cd), (b[j].astype(F32) * col_f).astype(cd))
-            y[t] = term if y[t] is None else y[t] + term
+    y = [None if span > 0 else _decay_matmul(m[i][i], b[i], gam[i], strict, transpose) for i in range(len(b))]
+    for i, j, cap in _one_matmul_pairs(len(b), span):
+        mij = jnp.where(_tri(m[i][i].shape[0], strict), m[i][i], 0.0) if i == j else m[i][j]
+        row_f, col_f = _cross_factors(gam[i], gam[j], cap)
+        if transpose:
+            t, term = j, col_f * _dot(mij.T.astype(cd), (b[i].astype(F32) * row_f).astype(cd))
+        else:
+            t, term = i, row_f * _dot(mij.astype(cd), (b[j].astype(F32) * col_f).astype(cd))
+        y[t] = term if y[t] is None else y[t] + term
     return y
 
 
@@ -456,7 +461,7 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
 def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, span: float = 0.0):
     """Gradients of ``G = _block_gram(a, b, gam, strict)`` for ``dG = m`` (lower block-triangular):
     ``(da, db, dgamma)`` lists of float32 blocks (``dgamma`` in the gate's shape); ``span``: see
-    :func:`_block_decay_matmul`."""
+    :func:`_one_matmul_pairs`."""
     if gam[0].ndim == 2:
         da = _block_decay_matmul(m, b, gam, strict, transpose=False, span=span)
         db = _block_decay_matmul(m, a, gam, strict, transpose=True, span=span)
@@ -471,7 +476,7 @@ def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, span: float = 
 def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float, span: float):
     """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32 blocks, the last
     row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient.
-    ``span``: see :func:`_block_decay_matmul`."""
+    ``span``: see :func:`_one_matmul_pairs`."""
     # The order of the operations is the one the Triton compiler was tuned with (see _wy_kernel).
     qf, kf = [x.astype(F32) for x in q], [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
@@ -507,7 +512,7 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h
     ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
     blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below). With the key dim tiled, ``k``,
     ``gam`` and ``h`` are one K tile's, dbeta is that tile's partial sum, and ``first`` says whether it is the first
-    tile (which alone counts dbeta's value-space term). ``span``: see :func:`_block_decay_matmul`."""
+    tile (which alone counts dbeta's value-space term). ``span``: see :func:`_one_matmul_pairs`."""
     cd = k[0].dtype
     kf = [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
@@ -563,7 +568,7 @@ def _store_once(first, ref, blocks: list[jax.Array]) -> None:
 
 def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, first=None):
     """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
-    fused in). ``span``: see :func:`_block_decay_matmul`."""
+    fused in). ``span``: see :func:`_one_matmul_pairs`."""
     if delta:
         (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
@@ -590,7 +595,7 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, fir
 def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
                     dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool, span: float, first=None):
     """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass): dk, d(gamma), dv,
-    dbeta. ``span``: see :func:`_block_decay_matmul`."""
+    dbeta. ``span``: see :func:`_one_matmul_pairs`."""
     per_key = len(gam_ref.shape) == 2
     first = _first_k_tile(tiled, first)
     k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
