@@ -592,17 +592,18 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, fir
     _store_blocks(dgam_ref, dgam)
 
 
-def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref,
+def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_ref, dk_in_ref, dgam_in_ref,
                     dk_ref, dgam_ref, dv_ref, dbeta_ref, *, tiled: bool, span: float, first=None):
-    """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass): dk, d(gamma), dv,
-    dbeta. ``span``: see :func:`_one_matmul_pairs`."""
+    """One chunk (and, ``tiled``, one K tile), the WY part alone (the split gradient pass's second launch): dk and
+    d(gamma), added to the first launch's (``dk_in``, ``dgam_in``), dv, dbeta. ``span``: see
+    :func:`_one_matmul_pairs`."""
     per_key = len(gam_ref.shape) == 2
     first = _first_k_tile(tiled, first)
     k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
     dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...],
                                            _blocks(dvn_ref, per_key), first, span)
-    _store_blocks(dk_ref, dk)
-    _store_blocks(dgam_ref, dgam)
+    _store_blocks(dk_ref, [x + y for x, y in zip(dk, _blocks(dk_in_ref, per_key), strict=True)])
+    _store_blocks(dgam_ref, [x + y for x, y in zip(dgam, _blocks(dgam_in_ref, per_key), strict=True)])
     _store_once(first, dv_ref, dv)
     _store_blocks(dbeta_ref, dbeta)
 
@@ -857,10 +858,10 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, redo_far: bool =
     (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32.
 
     With the delta rule and ``K V >= cfg.split_grad_from``, two launches (``grad`` through the output and the
-    state update, ``grad_wy`` through the WY transform, summed here) instead of one, so that neither program
-    holds every tile at once (the fused kernel spills registers at large K V). With ``cfg.block_k < K`` each
-    launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's d(gamma)) comes out as
-    one partial sum per tile, added here. ``redo_far``: see :func:`_diagonal_launches`."""
+    state update, ``grad_wy`` through the WY transform, which adds the first's dk and d(gamma) to its own) instead
+    of one, so that neither program holds every tile at once (the fused kernel spills registers at large K V). With
+    ``cfg.block_k < K`` each launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's
+    d(gamma)) comes out as one partial sum per tile, added here. ``redo_far``: see :func:`_diagonal_launches`."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
@@ -887,12 +888,13 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, redo_far: bool =
         )(q, k, gam, h, dh, vn, do)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
-        dk_wy, dgam_wy, dv, dbeta = _diagonal_launches(
+        dk, dgam, dv, dbeta = _diagonal_launches(
             functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
-            [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)],
-            out_specs[1:] + wy_specs, out_shape[1:] + wy_shape, gam_index=3, causal=False, redo_far=redo_far,
-        )(k, v, beta, gam, vn, t, h, dvn)
-        return dq, dk + dk_wy, summed(dgam + dgam_wy, dgam_parts), dv, summed(dbeta, tiled)
+            [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)]
+            + out_specs[1:], out_specs[1:] + wy_specs, out_shape[1:] + wy_shape, gam_index=3, causal=False,
+            redo_far=redo_far,
+        )(k, v, beta, gam, vn, t, h, dvn, dk, dgam)
+        return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _diagonal_launches(
         functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),

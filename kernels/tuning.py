@@ -29,8 +29,9 @@ class RecurrentConfig:
     carries a ``[K, block_v]`` float32 state); it is clipped to V. ``inverse_bf16x3``: the float32 matmuls of
     the triangular inverse as three bf16 tensor-core matmuls each (else IEEE float32 dots).
     ``split_grad_from``: with the delta rule and ``K * V`` (padded head dims) at least this, the gradient pass is
-    two launches (``grad``: through the output and state update; ``grad_wy``: through the WY transform) instead of
-    one fused kernel (``None``: always fused). ``decay_operands_f32`` (per-key gate only): the forward's decayed
+    two launches (``grad``: through the output and state update; ``grad_wy``: through the WY transform, adding the
+    first's dk and d(gamma) to its own) instead of one fused kernel (``None``: always fused).
+    ``decay_operands_f32`` (per-key gate only): the forward's decayed
     Gram products (``A`` in ``wy``, ``P`` in ``output``) from float32 operands (TF32 tensor cores on NVIDIA) instead
     of input-dtype ones: less rounding, more registers. ``shared_memory``: bytes of shared memory (LDS) per block on
     the target GPU; the sequential kernels' pipeline stages are capped to fit it (:func:`fit_stages`).
