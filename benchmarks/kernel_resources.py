@@ -2,6 +2,8 @@
 
     python -m benchmarks.kernel_resources [--arch sm90 gfx942 gfx950] [--only kda_anchor ...] [--attention]
                                           [--variant grad.num_warps=4 ...]
+    ncu --section LaunchStats python -m benchmarks.kernel_resources --run --only kda_1b   (on the GPU: the same
+                                          launches, once each, for Nsight Compute to measure)
 
 Each kernel is lowered as on the device: forward + backward, the table's launches for the target arch. Its Triton
 IR then goes through the ``triton`` package's compiler (PTX and SASS for sm90, AMDGCN for gfx942 / gfx950), with no
@@ -13,9 +15,10 @@ launches or options. Per launch it prints:
   wgmma) and the most frequent opcodes.
 
 The ``triton`` package is not the Triton inside jaxlib that compiles these kernels on the device, so the numbers
-approximate the device's. On the H200 at the 1B KDA shape, Nsight Compute measured 128 registers for ``grad_bwd``
-and 146 for ``grad_wy_bwd`` (``benchmarks/results/h200_2026-11-30_round7/2_ncu_kda_1b.txt``); RESULTS.md gives
-this tool's numbers beside them. Needs ``triton`` (installed with the ``export`` extra's torch on Linux).
+approximate the device's. On the H200 at the 1B KDA shape, Nsight Compute measured 79 registers for ``grad_bwd``
+and 72 for ``grad_wy_bwd`` where this tool reports 80 and 72 (``--run`` above,
+``benchmarks/results/h200_2026-11-30_round9/2_ncu_kda_1b.txt``; ``tests/kernels/test_kernel_resources.py``).
+Needs ``triton`` (installed with the ``export`` extra's torch on Linux).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from benchmarks.kernels import apply_variant
 from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
 from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
 from hybrid_jax.kernels.flash_attention import flash_attention
-from hybrid_jax.kernels.tuning import attention_config, recurrent_config
+from hybrid_jax.kernels.tuning import attention_config, current_arch, recurrent_config
 
 # arch -> (device kind, JAX platform, Triton target backend, target arch, threads per warp)
 TARGETS = {
@@ -182,13 +185,34 @@ def report(label: str, fn: Callable, args: tuple, arch: str) -> None:
         print(line, flush=True)
 
 
+def run_on_device(only: list[str] | None, variants: list[str]) -> None:
+    """One forward + backward of each recurrent case (:func:`recurrence_case`) on the default device, with random
+    inputs, so that a profiler sees the launches that this tool compiles offline."""
+    arch = current_arch()
+    for s in SHAPES:
+        if only is None or s.name in only:
+            for variant in ["", *variants]:
+                fn, args = recurrence_case(s, arch, variant)
+                keys = jax.random.split(jax.random.key(0), len(args))
+                x = [jax.random.normal(key, a.shape, a.dtype) for key, a in zip(keys, args, strict=True)]
+                x[3] = -jnp.abs(x[3]) / 16  # a decaying gate (log space)
+                value, _ = jax.block_until_ready(jax.jit(fn)(*x))
+                print(f"{arch} {s.name} {variant}: ran, loss {float(value):.4g}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     ap.add_argument("--only", nargs="+", default=None, help="recurrent shapes (benchmarks/shapes.py), default all")
     ap.add_argument("--attention", action="store_true", help="also the attention shapes")
     ap.add_argument("--variant", action="append", default=[], help="FIELD=V[,KERNEL.FIELD=V] (benchmarks/kernels.py)")
+    ap.add_argument("--run", action="store_true",
+                    help="instead, run each recurrent case once on this machine's GPU (table of its arch), for a "
+                         "profiler to measure the launches: ncu --section LaunchStats python -m ... --run")
     args = ap.parse_args()
+    if args.run:
+        run_on_device(args.only, args.variant)
+        return
     try:
         import triton  # noqa: F401
     except ImportError:
