@@ -93,8 +93,8 @@ def _captured_triton_ir() -> Iterator[list[str]]:
 
 
 def lowered_kernels(fn: Callable, args: tuple, arch: str) -> list[Kernel]:
-    """The Pallas launches of ``fn(*args)`` lowered for ``arch``, in order, each distinct kernel once (a second
-    kernel under the same name, e.g. the other branch of a ``lax.cond``, is named ``NAME.2``)."""
+    """The Pallas launches of ``fn(*args)`` lowered for ``arch``, in order, each kernel once (by name: two different
+    kernels under one name are an error, since a report by name could not tell them apart)."""
     kind, platform = TARGETS[arch][:2]
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(kind, 1, platform))
     with _captured_triton_ir() as texts, jax.sharding.use_abstract_mesh(mesh):
@@ -105,8 +105,9 @@ def lowered_kernels(fn: Callable, args: tuple, arch: str) -> list[Kernel]:
     kernels: dict[str, Kernel] = {}
     for ir in dict.fromkeys(texts):
         name = re.search(r"tt\.func (?:public )?@(\w+)", ir).group(1)
-        label = name if name not in kernels else f"{name}.{sum(k.startswith(name) for k in kernels) + 1}"
-        kernels[label] = Kernel(label, ir, *launches[name])
+        if name in kernels:
+            raise ValueError(f"two different Pallas kernels are named {name!r}: give each launch its own name")
+        kernels[name] = Kernel(name, ir, *launches[name])
     return list(kernels.values())
 
 

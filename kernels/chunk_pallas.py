@@ -267,9 +267,9 @@ def _one_matmul_pairs(n: int, span: float):
 def _block_gram(a: list, b: list, gam: list, strict: bool, f32_operands: bool, span: float) -> list[list[jax.Array]]:
     """:func:`_gram` over row blocks: ``G[i][j]`` (float32) for ``j <= i``; the pairs of :func:`_one_matmul_pairs`
     in one matmul each, the other diagonal blocks by the levels."""
+    cd = F32 if f32_operands else a[0].dtype
     g = [[] for _ in a]
     for i, j, cap in _one_matmul_pairs(len(a), span):
-        cd = F32 if f32_operands else a[i].dtype
         row_f, col_f = _cross_factors(gam[i], gam[j], cap)
         x = _dot((a[i].astype(F32) * row_f).astype(cd), (b[j].astype(F32) * col_f).astype(cd).T)
         g[i].append(jnp.where(_tri(x.shape[0], strict), x, 0.0) if i == j else x)
