@@ -473,17 +473,44 @@ def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, span: float = 
     return [_dot(dm.astype(cd), b)], [_dot(dm.T.astype(cd), a)], [jnp.sum(z, axis=1) - jnp.sum(z, axis=0)]
 
 
-def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list, scale: float, span: float):
+class _Snapshots:
+    """One chunk's state snapshots ``h`` (its start state) and ``dh`` (the gradient of its end state), ``[K, V]``
+    each, in the products the gradient kernels take of them; each tile is loaded where it is first used (with
+    loads up front the anchor's gradient launch took 247 registers instead of 178, compiled for sm90)."""
+
+    def __init__(self, h_ref, dh_ref=None):
+        self.refs, self.tiles = {"h": h_ref, "dh": dh_ref}, {}
+
+    def _tile(self, name: str) -> jax.Array:
+        if name not in self.tiles:
+            self.tiles[name] = self.refs[name][...]
+        return self.tiles[name]
+
+    def times_h(self, x: jax.Array) -> jax.Array:
+        """``x h^T`` (float32 ``[S, K]``) for ``x [S, V]``."""
+        return _dot(x, self._tile("h").T)
+
+    def times_dh(self, x: jax.Array) -> jax.Array:
+        """``x dh^T`` (float32 ``[S, K]``) for ``x [S, V]``."""
+        return _dot(x, self._tile("dh").T)
+
+    def hdh(self) -> jax.Array:
+        """``sum_v h dh`` (float32 ``[K]``; single-axis reductions only, for the Triton lowering)."""
+        return jnp.sum(self._tile("h").astype(F32) * self._tile("dh").astype(F32), axis=1)
+
+
+def _grad_through_output(q: list, k: list, gam: list, snap: _Snapshots, vn: list, do: list, scale: float,
+                         span: float):
     """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32 blocks, the last
     row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient.
-    ``span``: see :func:`_one_matmul_pairs`."""
+    ``snap``: the state snapshots. ``span``: see :func:`_one_matmul_pairs`."""
     # The order of the operations is the one the Triton compiler was tuned with (see _wy_kernel).
     qf, kf = [x.astype(F32) for x in q], [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
     gl = _row(gam[-1], -1)
 
     # o = (scale Q exp(gamma)) h + P v_new,  P = scale _gram(Q, K) (inclusive lower)
-    dq = [_dot(x, h.T) * scale * _col(jnp.exp(g)) for x, g in zip(do, gam, strict=True)]
+    dq = [snap.times_h(x) * scale * _col(jnp.exp(g)) for x, g in zip(do, gam, strict=True)]
     dgam = [_red(dx * x, per_key) for dx, x in zip(dq, qf, strict=True)]
     dp = [[_dot(do[i], vn[j].T) * scale for j in range(i + 1)] for i in range(len(do))]
     dq_p, dk, dgam_p = _gram_vjp(dp, q, k, gam, strict=False, span=span)
@@ -494,35 +521,36 @@ def _grad_through_output(q: list, k: list, gam: list, h, dh, vn: list, do: list,
     r_sum = []
     for i in range(len(k)):
         e_end = _col(jnp.exp(gl - gam[i]))
-        dk_end = _dot(vn[i], dh.T)
+        dk_end = snap.times_dh(vn[i])
         dk[i] = dk[i] + dk_end * e_end
         r = _red(dk_end * kf[i] * e_end, per_key)
         dgam[i] = dgam[i] - r
         r_sum.append(jnp.sum(r, axis=0))
-    hdh = jnp.sum(h.astype(F32) * dh.astype(F32), axis=1)  # single-axis reductions only (Triton lowering)
+    hdh = snap.hdh()
     dgl = _sum(r_sum) + (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gl)
     idx = lax.broadcasted_iota(jnp.int32, gam[-1].shape, 0)
     dgam[-1] = jnp.where(idx == gam[-1].shape[0] - 1, dgam[-1] + dgl, dgam[-1])
     return dq, dk, dgam
 
 
-def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, h, dvn: list, first=None,
-                     span: float = 0.0):
+def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, snap: _Snapshots, dvn: list,
+                     first=None, span: float = 0.0):
     """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule):
     ``(dk, d(gamma), dv, dbeta)`` float32 blocks, to add to :func:`_grad_through_output`'s. ``tc``: ``T``'s lower
-    blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below). With the key dim tiled, ``k``,
-    ``gam`` and ``h`` are one K tile's, dbeta is that tile's partial sum, and ``first`` says whether it is the first
-    tile (which alone counts dbeta's value-space term). ``span``: see :func:`_one_matmul_pairs`."""
+    blocks; ``vn``: ``v_new``'s blocks (``u`` and ``w`` are not needed, see below); ``snap``: the state snapshot.
+    With the key dim tiled, ``k``, ``gam`` and the snapshot are one K tile's, dbeta is that tile's partial sum, and
+    ``first`` says whether it is the first tile (which alone counts dbeta's value-space term). ``span``: see
+    :func:`_one_matmul_pairs`."""
     cd = k[0].dtype
     kf = [x.astype(F32) for x in k]
     per_key = gam[0].ndim == 2
     eg = [_col(jnp.exp(g)) for g in gam]
     b = [x.astype(F32) for x in b]
     # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1. With du = dv_new and
-    # dw = -dv_new h^T: T^T dw = -(T^T du) h^T, and dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T
+    # dw = -dv_new h^T: T^T dw = -T^T (dv_new h^T), and dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T
     # = -(T^T du) (u - w h)^T = -(T^T du) v_new^T (restricted to the strict lower triangle)
     t_du = _lower_matmul_t(tc, [x.astype(cd) for x in dvn])
-    t_dw = [-_dot(x.astype(cd), h.T) for x in t_du]
+    t_dw = [-snap.times_h(x.astype(cd)) for x in t_du]
     dk, dgam, dv, db = [], [], [], []
     for i in range(len(k)):
         dv.append(t_du[i] * b[i][:, None])
@@ -576,13 +604,14 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, fir
         q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
     per_key = len(gam_ref.shape) == 2
     first = _first_k_tile(tiled, first)
-    k, gam, h, vn = _blocks(k_ref, per_key), _blocks(gam_ref, per_key), h_ref[...], _blocks(vn_ref, per_key)
-    dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, h, dh_ref[...], vn, _blocks(do_ref, per_key),
-                                        scale, span)
+    k, gam, vn, do = (_blocks(r, per_key) for r in (k_ref, gam_ref, vn_ref, do_ref))
+    dvn = _blocks(dvn_ref, per_key) if delta else None
+    snap = _Snapshots(h_ref, dh_ref)
+    dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, snap, vn, do, scale, span)
     if delta:
         dk_wy, dgam_wy, dv, dbeta = _grad_through_wy(
-            k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, vn, _load_lower(t_ref, per_key), h,
-            _blocks(dvn_ref, per_key), first, span)
+            k, *(_blocks(r, per_key) for r in (v_ref, beta_ref)), gam, vn, _load_lower(t_ref, per_key), snap, dvn,
+            first, span)
         _store_once(first, dv_ref, dv)
         _store_blocks(dbeta_ref, dbeta)
         dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
@@ -599,9 +628,9 @@ def _grad_wy_kernel(k_ref, v_ref, beta_ref, gam_ref, vn_ref, t_ref, h_ref, dvn_r
     :func:`_one_matmul_pairs`."""
     per_key = len(gam_ref.shape) == 2
     first = _first_k_tile(tiled, first)
-    k, v, beta, gam, vn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref))
-    dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), h_ref[...],
-                                           _blocks(dvn_ref, per_key), first, span)
+    k, v, beta, gam, vn, dvn = (_blocks(r, per_key) for r in (k_ref, v_ref, beta_ref, gam_ref, vn_ref, dvn_ref))
+    dk, dgam, dv, dbeta = _grad_through_wy(k, v, beta, gam, vn, _load_lower(t_ref, per_key), _Snapshots(h_ref), dvn,
+                                           first, span)
     _store_blocks(dk_ref, [x + y for x, y in zip(dk, _blocks(dk_in_ref, per_key), strict=True)])
     _store_blocks(dgam_ref, [x + y for x, y in zip(dgam, _blocks(dgam_in_ref, per_key), strict=True)])
     _store_once(first, dv_ref, dv)

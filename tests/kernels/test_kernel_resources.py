@@ -30,24 +30,37 @@ def test_lowered_kernels_carry_the_table_launches():
         assert f"tt.func public @{k.name}(" in k.ir
 
 
-def test_sm90_resources_match_the_h200_profile():
-    """At the 1B KDA shape with the sm90 table, Nsight Compute measured on the H200 (round 9, ``python -m
-    benchmarks.kernel_resources --run --only kda_1b`` under ``ncu --section LaunchStats``): the gradient pass's
-    registers and bytes of shared memory per launch. The offline compile uses another Triton build than jaxlib's, so
-    registers may differ a little."""
+# Nsight Compute on the H200 at the 1B KDA shape with the sm90 table (round 10: ``python -m benchmarks.kernel_resources
+# --run --only kda_1b`` under ``ncu --section LaunchStats``): the gradient pass's registers per thread and bytes of
+# shared memory per launch.
+H200_KDA_1B = {"grad_bwd": (64, 8192), "grad_bwd_levels": (128, 8192), "grad_wy_bwd": (72, 6144),
+               "grad_wy_bwd_levels": (148, 6144)}
+
+
+@pytest.fixture(scope="module")
+def kda_1b_sm90():
+    """The gradient pass's launches at the 1B KDA shape, compiled offline for sm90, by name."""
     pytest.importorskip("triton")
     fn, args = recurrence_case(SHAPE["kda_1b"], "sm90")
-    measured = {"grad_bwd": (79, 6144), "grad_bwd_levels": (128, 6144), "grad_wy_bwd": (72, 4096),
-                "grad_wy_bwd_levels": (150, 4096)}
-    seen = set()
-    for kernel in lowered_kernels(fn, args, "sm90"):
-        if kernel.name in measured:
-            seen.add(kernel.name)
-            r = compile_kernel(kernel, "sm90")
-            registers, shared = measured[kernel.name]
-            assert abs(r.registers - registers) <= 16 and r.shared == shared, (kernel.name, r)
-            assert r.opcodes["HMMA"] + r.opcodes["HGMMA"] > 0  # tensor-core matmuls
-    assert seen == set(measured)
+    return {k.name: compile_kernel(k, "sm90") for k in lowered_kernels(fn, args, "sm90") if k.name in H200_KDA_1B}
+
+
+def test_sm90_shared_memory_and_tensor_cores_match_the_h200_profile(kda_1b_sm90):
+    assert set(kda_1b_sm90) == set(H200_KDA_1B)
+    for name, r in kda_1b_sm90.items():
+        assert r.shared == H200_KDA_1B[name][1], (name, r)
+        assert r.opcodes["HMMA"] + r.opcodes["HGMMA"] > 0  # tensor-core matmuls
+
+
+@pytest.mark.parametrize("name", [
+    "grad_bwd", "grad_wy_bwd", "grad_wy_bwd_levels",
+    # round 10: 103 offline against 128 on the H200 (round 9, before the gradient kernels loaded the state snapshots
+    # where first used: 128 both); strict, so that agreeing again is noticed
+    pytest.param("grad_bwd_levels", marks=pytest.mark.xfail(strict=True, reason="offline ptxas: 103 registers")),
+])
+def test_sm90_registers_match_the_h200_profile(kda_1b_sm90, name):
+    """The offline compile uses another Triton build than jaxlib's, so registers may differ a little."""
+    assert abs(kda_1b_sm90[name].registers - H200_KDA_1B[name][0]) <= 16, kda_1b_sm90[name]
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
