@@ -4,14 +4,17 @@
 # anchor scripts) carried next to the tree; writes JSON and logs under $OUT.
 #   usage: benchmarks/run_gpu.sh PART... [// PART... ...]
 # Groups separated by '//' run at the same time, group i on GPU i (CUDA_VISIBLE_DEVICES=i), at most one group per GPU
-# (JAX jobs sharing a GPU run out of memory); the parts of a group run one after the other on its GPU. Parts (each has its own time limit):
+# (JAX jobs sharing a GPU run out of memory); the parts of a group run one after the other on its GPU. A part
+# NAME=VALUE sets an environment variable for the group's later parts ('+' in VALUE becomes a space), e.g.
+# 'KDA_SHAPES=kda_300m+kda_1b kda'; OUT=NAME writes the group's later parts under $OUT/NAME. Parts (each has its own
+# time limit):
 #   kernels fla_ref          our recurrent kernels / FLA's at the same shapes (benchmarks/shapes.py)
 #   fla_ref_rest             FLA at the shapes its autotuning left out of fla_ref (FLA KDA: fla_ref_kda, env
 #                            FLA_KDA_SHAPES: a subset of its three shapes; FLA's autotuning takes minutes per shape)
 #   kda kda_autotune         our KDA kernels (the table's chunk, chunks 32/64, fused or split gradient pass) beside our
 #                            GDN (env KDA_SHAPES, KDA_VARIANTS: set and empty for none); a launch sweep at KDA
 #                            shapes (env KDA_TUNE_SHAPES, KDA_TUNE_BUDGET seconds, KDA_START, e.g. chunk=64: from
-#                            that entry)
+#                            that entry); KDA_TIMEOUT: kda's limit in seconds (default 300)
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
@@ -31,8 +34,9 @@
 #                            training the reference again)
 #   scaling                  300M GDN on one GPU, then data parallel on all GPUs with and without ZeRO-1
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-SITE=/tmp/site
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SITE=${SITE:-/tmp/site}  # where the wheels and this tree are installed; BENCH: where benchmarks/ is linked
+BENCH=${BENCH:-/tmp/bench}  # (other values let two trees' runs share a machine)
 if [ ! -e "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
   # this tree (maps kernels/ to hybrid_jax.kernels), without touching the image's packages
@@ -41,9 +45,9 @@ if [ ! -e "$SITE/.installed" ]; then
 fi
 # the installed tree, not the source checkout, must be what 'import hybrid_jax' finds (the source has no
 # hybrid_jax.kernels): no current directory on sys.path; benchmarks importable from a side folder
-mkdir -p /tmp/bench && ln -sfn "$PWD/benchmarks" /tmp/bench/benchmarks
+mkdir -p "$BENCH" && ln -sfn "$PWD/benchmarks" "$BENCH/benchmarks"
 export PYTHONSAFEPATH=1
-export PYTHONPATH=$SITE:/tmp/bench:${PYTHONPATH:-}
+export PYTHONPATH=$SITE:$BENCH:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 
 ours_train() {  # config, extra flags...
@@ -77,7 +81,8 @@ run_part() {
                for v in ${KDA_VARIANTS-chunk=32 chunk=64 chunk=32,split_grad_from=none split_grad_from=none}; do
                  variants+=(--variant "$v"); done
                # shellcheck disable=SC2086
-               timeout 300 python3 -m benchmarks.kernels --only ${KDA_SHAPES:-gdn_anchor kda_anchor kda_300m kda_1b} \
+               timeout "${KDA_TIMEOUT:-300}" python3 -m benchmarks.kernels \
+                 --only ${KDA_SHAPES:-gdn_anchor kda_anchor kda_300m kda_1b} \
                  "${variants[@]}" 2>&1 | tee "$OUT/kda_kernels.log" ;;
     kda_autotune) # shellcheck disable=SC2086
                  timeout $((${KDA_TUNE_BUDGET:-200} + 40)) python3 -m benchmarks.autotune \
@@ -129,7 +134,14 @@ run_part() {
   esac
 }
 
-run_group() { for p in "$@"; do echo "=== $p $(date +%T)"; run_part "$p"; done; }
+run_group() {
+  local p
+  for p in "$@"; do
+    if [[ $p == OUT=* ]]; then OUT=$OUT/${p#OUT=}; mkdir -p "$OUT"; continue; fi
+    if [[ $p == *=* ]]; then local value=${p#*=}; export "${p%%=*}=${value//+/ }"; continue; fi
+    echo "=== $p $(date +%T)"; run_part "$p"
+  done
+}
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 groups=(); current=""
