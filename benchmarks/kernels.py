@@ -132,16 +132,30 @@ def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
     return args
 
 
-def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = False) -> float:
-    """Median time of one kernel stage under ``config`` (arguments from :func:`stage_args` at its chunk)."""
+# stages with diagonal row blocks: with a per-key gate a first launch around one reference row per block, then one
+# that redoes the rows it got wrong (chunk_pallas._diagonal_launches), whose programs exit unless their chunk has such
+# rows
+LEVELS_STAGES = ("wy", "output", "grad")
+
+
+def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = False, **kw) -> float:
+    """Median time of one kernel stage under ``config`` (arguments from :func:`stage_args` at its chunk; ``kw``: for
+    the stage function, e.g. ``redo_far=False``)."""
     st = chunk_pallas.Static(1.0, config.chunk, config, interpret)
-    return median_ms(jax.jit(functools.partial(STAGES[name], st)), *args, repeats=repeats)
+    return median_ms(jax.jit(functools.partial(STAGES[name], st, **kw)), *args, repeats=repeats)
 
 
 def stage_times(s: Shape, config, repeats: int, interpret: bool = False) -> dict[str, float]:
-    """Median ms of every kernel stage of shape ``s`` under ``config`` (each stage timed alone)."""
-    return {n: stage_ms(n, a, config, repeats, interpret=interpret)
-            for n, a in stage_args(s, config, interpret=interpret).items()}
+    """Median ms of every kernel stage of shape ``s`` under ``config`` (each stage timed alone). With a per-key gate
+    and one-reference diagonal blocks, also ``NAME_first``: the stages of ``LEVELS_STAGES`` without their second
+    (levels) launch, which is what that launch costs when, as here, no chunk needs it."""
+    args = stage_args(s, config, interpret=interpret)
+    times = {n: stage_ms(n, a, config, repeats, interpret=interpret) for n, a in args.items()}
+    if s.per_key and config.one_reference_span > 0:
+        for n in LEVELS_STAGES:
+            if n in args:
+                times[f"{n}_first"] = stage_ms(n, args[n], config, repeats, interpret=interpret, redo_far=False)
+    return times
 
 
 def rel_rms(x, ref) -> float:
