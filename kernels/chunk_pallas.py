@@ -693,39 +693,107 @@ class _FarRowsOnly:
         self.ref[idx] = jnp.where(far.reshape(far.shape + (1,) * (x.ndim - 1)), x.astype(self.dtype), self.ref[idx])
 
 
-def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, causal: bool, tiled: bool):
-    """``kernel`` with the levels, run only by the programs whose chunk has far rows (:func:`_far_blocks`), storing
-    only those rows. ``refs``: the ``n_in`` inputs, the one-reference launch's outputs (aliased to this launch's
-    outputs, through which :class:`_FarRowsOnly` reads them), this launch's outputs. ``tiled``: the grid has a
-    K-tile axis (:func:`_first_k_tile`)."""
-    n_out = (len(refs) - n_in) // 2
-    ins, outs = refs[:n_in], refs[n_in + n_out:]
-    far = _far_blocks(_blocks(ins[gam_index], per_key=True), span, causal)
-    any_far = _sum([jnp.max(f.astype(F32)) for f in far]) > 0
+class _ChunkOf:
+    """Chunk ``r`` of a ref that spans several consecutive chunks on its first axis, indexed as the ref of one chunk:
+    ``rows`` (a ``[R * C, ...]`` tile: rows ``r * C ...``) or not (a ``[R, ...]`` tile of per-chunk entries, such as
+    state snapshots: entry ``r``). ``r`` may be traced."""
+
+    def __init__(self, ref, r, C: int, rows: bool):
+        self.ref, self.r, self.C, self.rows, self.dtype = ref, r, C, rows, ref.dtype
+        self.shape = (C,) + tuple(ref.shape[1:]) if rows else tuple(ref.shape[1:])
+
+    def _index(self, idx) -> tuple:
+        idx = () if idx is Ellipsis else idx if isinstance(idx, tuple) else (idx,)
+        if not self.rows:
+            return (self.r,) + idx
+        first = idx[0] if idx else slice(None)
+        if isinstance(first, slice):  # the whole chunk (only ':' is used)
+            return (pl.ds(self.r * self.C, self.C),) + idx[1:] + (slice(None),) * (len(self.shape) - max(len(idx), 1))
+        return (pl.ds(self.r * self.C + first.start, first.size),) + idx[1:]
+
+    def __getitem__(self, idx):
+        return self.ref[self._index(idx)]
+
+    def __setitem__(self, idx, x):
+        self.ref[self._index(idx)] = x
+
+
+def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, causal: bool, tiled: bool,
+                        chunk: int, rows: tuple[bool, ...]):
+    """``kernel`` with the levels over the chunks of one program (:func:`_diagonal_launches`), run only on the chunks
+    that have far rows (:func:`_far_blocks`), storing only those rows. ``refs``: the ``n_in`` inputs, the far-chunk
+    flags of the program's chunks (:func:`_far_chunks`), the one-reference launch's outputs (aliased to this launch's
+    outputs, through which :class:`_FarRowsOnly` reads them), this launch's outputs; each spans the program's chunks
+    (:class:`_ChunkOf`, ``rows``: per input, then per output). ``tiled``: the grid has a K-tile axis
+    (:func:`_first_k_tile`)."""
+    n_out = (len(refs) - n_in - 1) // 2
+    ins, flags, outs = refs[:n_in], refs[n_in], refs[n_in + 1 + n_out:]
     kw = {"first": _first_k_tile(True)} if tiled else {}
-    pl.when(any_far)(lambda: kernel(*ins, *(_FarRowsOnly(r, far) for r in outs), **kw))
+
+    def one_chunk(r, carry):
+        def levels():
+            views = [_ChunkOf(x, r, chunk, row) for x, row in zip(ins, rows, strict=False)]
+            far = _far_blocks(_blocks(views[gam_index], per_key=True), span, causal)
+            kernel(*views, *(_FarRowsOnly(_ChunkOf(x, r, chunk, row), far)
+                             for x, row in zip(outs, rows[n_in:], strict=True)), **kw)
+
+        pl.when(jnp.max(flags[pl.ds(r, 1)]) > 0)(levels)
+        return carry
+
+    @pl.when(jnp.max(flags[...]) > 0)
+    def _():
+        lax.fori_loop(0, flags.shape[0], one_chunk, 0)
+
+
+def _far_chunks(gam: jax.Array, span: float, C: int, BK: int) -> jax.Array:
+    """XLA: ``[B, HV, K // BK, N]`` float32, 1 where a chunk (of ``C`` rows) has, in a K tile of ``BK`` channels, a
+    row whose gate has moved by about ``span`` or more from its ``SUB``-row block's first row (the rows
+    :func:`_far_blocks` marks; the threshold is a little lower, so that no such chunk is missed by rounding)."""
+    B, T, HV, K = gam.shape
+    g = gam.reshape(B, T // SUB, SUB, HV, K)
+    moved = jnp.abs(g - g[:, :, :1]) >= span * (1 - 2.0**-10)
+    far = jnp.any(moved.reshape(B, T // C, C, HV, K // BK, BK), axis=(2, 5))  # [B, N, HV, NK]
+    return far.transpose(0, 2, 3, 1).astype(F32)
+
+
+def _over_chunks(spec: pl.BlockSpec, R: int) -> pl.BlockSpec:
+    """A chunk-parallel BlockSpec (chunk ``c`` on axis 1: ``C`` rows, or one squeezed entry) over ``R`` consecutive
+    chunks: grid index ``p`` of that axis covers chunks ``p R ... p R + R - 1``."""
+    shape = list(spec.block_shape)
+    shape[1] = R if shape[1] is None else shape[1] * R
+    return pl.BlockSpec(tuple(shape), spec.index_map)
 
 
 def _diagonal_launches(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_specs, out_shape, *,
                        gam_index: int, causal: bool, redo_far: bool):
     """-> ``fn(*inputs)``: the launches of a kernel with diagonal row blocks (``kernel(*refs, span=...)``,
-    :func:`_block_gram`; ``inputs[gam_index]`` is the gate). With a per-key gate (:func:`_span`) two: one around one
-    reference row per block (``name``), then one with the levels (``name_levels``) whose programs exit unless their
-    chunk has rows the first gets wrong (:func:`_far_blocks`), and which writes only those rows, in place (its
-    outputs aliased to the first's). With a gate that moves by less than the span within every 16 rows (the usual
-    case) the second costs one gate load per program; no host round trip decides whether it runs. ``redo_far=False``:
-    the first launch alone (its far rows wrong; for tests). Otherwise one launch with the levels."""
+    :func:`_block_gram`; ``inputs[gam_index]`` is the gate; ``grid`` ``[B, HV, N]`` or ``[B, HV, N, NK]``). With a
+    per-key gate (:func:`_span`) two: one around one reference row per block (``name``), then one with the levels
+    (``name_levels``) which redoes, in place, the rows the first gets wrong (:func:`_far_blocks`; its outputs are
+    aliased to the first's). Each of its programs takes ``cfg.levels_chunks`` consecutive chunks (the largest power
+    of two up to that which divides N) and, unless XLA flagged one of them (:func:`_far_chunks`), exits after one
+    load. With a gate that moves by less than the span within every 16 rows (the usual case) that is all the second
+    launch does; no host round trip decides whether it runs. ``redo_far=False``: the first launch alone (its far rows
+    wrong; for tests). Otherwise one launch with the levels."""
 
     def run(*inputs):
         span = _span(st, inputs[gam_index], inputs[0].dtype)
         first = _call(functools.partial(kernel, span=span), name, launch, st, grid, in_specs, out_specs, out_shape)
         if not span or not redo_far:
             return first(*inputs)
-        n_in = len(inputs)
+        n_in, N = len(inputs), grid[2]
+        R = math.gcd(N, 1 << (max(1, st.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
+        BK = in_specs[gam_index].block_shape[-1]
+        flags = pl.BlockSpec((None, None, None, R), lambda b, h, p, kt=0: (b, h, kt, p))
+        rows = tuple(spec.block_shape[1] is not None for spec in in_specs + out_specs)
         levels = functools.partial(_levels_on_far_rows, kernel=functools.partial(kernel, span=0.0), n_in=n_in,
-                                   gam_index=gam_index, span=span, causal=causal, tiled=len(grid) == 4)
-        return _call(levels, f"{name}_levels", launch, st, grid, in_specs + out_specs, out_specs, out_shape,
-                     {n_in + i: i for i in range(len(out_specs))})(*inputs, *first(*inputs))
+                                   gam_index=gam_index, span=span, causal=causal, tiled=len(grid) == 4,
+                                   chunk=st.chunk, rows=rows)
+        spans = [_over_chunks(spec, R) for spec in out_specs]
+        return _call(levels, f"{name}_levels", launch, st, grid[:2] + (N // R,) + grid[3:],
+                     [_over_chunks(spec, R) for spec in in_specs] + [flags] + spans, spans, out_shape,
+                     {n_in + 1 + i: i for i in range(len(out_specs))}
+                     )(*inputs, _far_chunks(inputs[gam_index], span, st.chunk, BK), *first(*inputs))
 
     return run
 

@@ -45,7 +45,9 @@ class RecurrentConfig:
     rows in place (``wy``, ``output``, ``grad``, ``grad_wy``); 0: the levels alone. Bf16 and float32 operands only.
     On the H200 at the KDA anchor, against 0: the forward 9-16% less, the forward+backward 4-7% less, the gradient
     pass 8-16% less (four commands). Compiled offline for sm90 the first launches execute 41-61% fewer instructions
-    and no longer spill.
+    and no longer spill. ``levels_chunks``: chunks per program of those second launches (the largest power of two
+    up to it that divides the chunk count); a program whose chunks all keep within the span exits after loading
+    their flags.
     """
 
     chunk: int = 64
@@ -62,6 +64,7 @@ class RecurrentConfig:
     shared_memory: int = 48 * 1024
     block_k: int | None = None
     one_reference_span: int = 32
+    levels_chunks: int = 8
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:

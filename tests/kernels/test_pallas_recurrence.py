@@ -245,14 +245,16 @@ def test_kda_one_reference_diagonal_products(strict):
     assert not np.array_equal(np.asarray(gram(mild, 32.0)), np.asarray(gram(mild, 0.0)))
 
 
-def kda_stage_inputs(seed: int, fall_row: int):
-    """A KDA case at chunk 16 (three 16-row blocks) whose mild gate falls by 100 at ``fall_row``, and the arguments
-    of every stage: ``(static, {stage: args})``."""
-    inputs, weights = make_inputs(seed, B=1, T=48, per_key=True)
-    inputs["g"] = inputs["g"].at[:, fall_row].add(-100.0)
+def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_chunks: int = 8):
+    """A KDA case at chunk 16 (``T / 16`` chunks of one 16-row block) whose mild gate falls by 100 at each of
+    ``fall_rows``, and the arguments of every stage: ``(static, {stage: args})``."""
+    inputs, weights = make_inputs(seed, B=1, T=T, per_key=True)
+    for row in fall_rows:
+        inputs["g"] = inputs["g"].at[:, row].add(-100.0)
     q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
-    st = chunk_pallas.Static(0.25, 16, tuning.recurrent_config(per_key=True), True)
-    gam = jnp.cumsum(g.reshape(1, 3, 16, *g.shape[2:]), axis=2).reshape(g.shape)
+    cfg = dataclasses.replace(tuning.recurrent_config(per_key=True), levels_chunks=levels_chunks)
+    st = chunk_pallas.Static(0.25, 16, cfg, True)
+    gam = jnp.cumsum(g.reshape(1, T // 16, 16, *g.shape[2:]), axis=2).reshape(g.shape)
     u, w, t = chunk_pallas.wy(st, k, v, gam, beta)
     h, vn, _ = chunk_pallas.state_fwd(st, k, gam, w, u, h0)
     _, p = chunk_pallas.output(st, q, k, vn, gam, h)
@@ -262,22 +264,25 @@ def kda_stage_inputs(seed: int, fall_row: int):
                 "grad": (q, k, v, beta, gam, t, h, dh, vn, dvn, do)}
 
 
-@pytest.mark.parametrize("stage, far_rows", [("wy", slice(20, 32)), ("output", slice(20, 32)),
-                                             ("grad", slice(16, 32))])
-def test_kda_one_reference_passes_and_their_fallback(stage, far_rows):
-    """Each KDA kernel with diagonal blocks runs first around one reference row per block, then, since the gate
-    falls by 100 at row 20 (the second of three blocks), with the levels, which rewrite the far rows in place: in the
-    forward that row and the later ones of its chunk (a row's choice reads no later gate), in the gradient pass the
-    whole block. The far rows are the levels' bit for bit (the one-reference form is wrong there), the others the
-    one-reference form's, which really differs from the levels' in rounding. Values and gradients of the whole
-    recurrence on such a gate: ``test_kda_one_reference_fallback_end_to_end``."""
-    st, args = kda_stage_inputs(17, fall_row=20)
+@pytest.mark.parametrize("T, fall_rows, levels_chunks", [(48, (20,), 8), (64, (5, 36), 4), (64, (36,), 2)],
+                         ids=["one-chunk-per-program", "four-chunks-per-program", "two-chunks-per-program"])
+@pytest.mark.parametrize("stage", ["wy", "output", "grad"])
+def test_kda_one_reference_passes_and_their_fallback(stage, T, fall_rows, levels_chunks):
+    """Each KDA kernel with diagonal blocks runs first around one reference row per block, then, in the chunks where
+    the gate falls by 100 at a row, with the levels, which rewrite the far rows in place: in the forward that row and
+    the later ones of its chunk (a row's choice reads no later gate), in the gradient pass the whole block. The far
+    rows are the levels' bit for bit (the one-reference form is wrong there), the others the one-reference form's,
+    which really differs from the levels' in rounding. The levels launch takes 1 (three chunks), 4 or 2 chunks per
+    program (``levels_chunks``). Values and gradients of the whole recurrence on such a gate:
+    ``test_kda_one_reference_fallback_end_to_end``."""
+    st, args = kda_stage_inputs(17, fall_rows, T, levels_chunks)
     launch = {"wy": chunk_pallas.wy, "output": chunk_pallas.output, "grad": chunk_pallas.grad}[stage]
     mixed, fast = (launch(st, *args[stage], redo_far=redo) for redo in (True, False))
     st_levels = dataclasses.replace(st, cfg=dataclasses.replace(st.cfg, one_reference_span=0))
     levels = launch(st_levels, *args[stage])
-    far = np.zeros(48, bool)
-    far[far_rows] = True
+    far = np.zeros(T, bool)
+    for row in fall_rows:  # the rest of its chunk (16 rows, one block); in the gradient pass all of it
+        far[(row if stage != "grad" else row - row % 16):row - row % 16 + 16] = True
     for x, y, z in zip(mixed, fast, levels, strict=True):
         x, y, z = (np.asarray(a) for a in (x, y, z))
         assert np.all(np.isfinite(x))
