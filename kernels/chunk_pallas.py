@@ -37,8 +37,9 @@ and there the reference is ``gamma`` at the first row of ``i``'s half. No factor
 underflow harmlessly), no gate after row ``i`` is read, and there is no token loop. Each such kernel first runs
 with one matmul around the block's first row in place of the levels (factors up to ``exp(cfg.one_reference_span)``),
 exact where the gate moves by less than the span within the block; a second launch with the levels then rewrites,
-in place, only the rows that moved further, its other programs exiting after one gate load
-(:func:`_diagonal_launches`; in the forward a row's choice reads no later gate, so no output depends on one).
+in place, only the rows that moved further, in the chunks XLA flagged, its programs (several chunks each) exiting
+after loading the flags (:func:`_diagonal_launches`; in the forward a row's choice reads no later gate, so no output
+depends on one).
 FLA computes its diagonal blocks token by token (or with a midpoint anchor that can read a later gate). The kernels
 work on lists of row blocks (loaded and stored by ``pl.ds`` slices of the chunk's tiles: Triton has no
 concatenation); ``T`` becomes block lower-triangular by forward substitution over the blocks
