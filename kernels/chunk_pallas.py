@@ -548,7 +548,7 @@ def _grad_through_wy(k: list, v: list, b: list, gam: list, vn: list, tc: list, s
     eg = [_col(jnp.exp(g)) for g in gam]
     b = [x.astype(F32) for x in b]
     # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1. With du = dv_new and
-    # dw = -dv_new h^T: T^T dw = -T^T (dv_new h^T), and dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T
+    # dw = -dv_new h^T: T^T dw = -(T^T du) h^T, and dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T
     # = -(T^T du) (u - w h)^T = -(T^T du) v_new^T (restricted to the strict lower triangle)
     t_du = _lower_matmul_t(tc, [x.astype(cd) for x in dvn])
     t_dw = [-snap.times_h(x.astype(cd)) for x in t_du]
@@ -733,7 +733,7 @@ def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, c
 
     def one_chunk(r, carry):
         def levels():
-            views = [_ChunkOf(x, r, chunk, row) for x, row in zip(ins, rows, strict=False)]
+            views = [_ChunkOf(x, r, chunk, row) for x, row in zip(ins, rows[:n_in], strict=True)]
             far = _far_blocks(_blocks(views[gam_index], per_key=True), span, causal)
             kernel(*views, *(_FarRowsOnly(_ChunkOf(x, r, chunk, row), far)
                              for x, row in zip(outs, rows[n_in:], strict=True)), **kw)
