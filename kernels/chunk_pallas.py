@@ -761,6 +761,9 @@ def _over_chunks(spec: pl.BlockSpec, R: int) -> pl.BlockSpec:
     """A chunk-parallel BlockSpec (chunk ``c`` on axis 1: ``C`` rows, or one squeezed entry) over ``R`` consecutive
     chunks: grid index ``p`` of that axis covers chunks ``p R ... p R + R - 1``."""
     shape = list(spec.block_shape)
+    moves = [x != y for x, y in zip(spec.index_map(0, 0, 1, 0), spec.index_map(0, 0, 0, 0), strict=True)]
+    if moves != [axis == 1 for axis in range(len(shape))]:
+        raise ValueError(f"a chunk-parallel BlockSpec must follow the chunk on axis 1 only: {spec}")
     shape[1] = R if shape[1] is None else shape[1] * R
     return pl.BlockSpec(tuple(shape), spec.index_map)
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels import api, chunk_pallas, reference, tuning
 from hybrid_jax.kernels.chunk_pallas import _block_gram, chunk_recurrence
@@ -291,6 +292,19 @@ def test_kda_one_reference_passes_and_their_fallback(stage, T, fall_rows, levels
     assert max(rel_rms(np.asarray(y)[:, far], np.asarray(z)[:, far]) for y, z in zip(fast, levels, strict=True)) > 1e-2
     mild = [(np.asarray(y)[:, ~far], np.asarray(z)[:, ~far]) for y, z in zip(fast, levels, strict=True)]
     assert not all(np.array_equal(y, z) for y, z in mild)
+
+
+def test_levels_launch_spans_chunks_on_axis_1_only():
+    """The levels launch widens each chunk-parallel BlockSpec to several chunks along axis 1 (``C`` rows, or one
+    squeezed per-chunk entry such as a state snapshot); a spec that follows the chunk on another axis is an error,
+    not a silently wrong block."""
+    rows = pl.BlockSpec((None, 16, None, 32), lambda b, h, c, kt=0: (b, c, h // 2, kt))
+    snap = pl.BlockSpec((None, None, None, 32, 64), lambda b, h, c, kt=0: (b, c, h, kt, 0))
+    assert chunk_pallas._over_chunks(rows, 4).block_shape == (None, 64, None, 32)
+    assert chunk_pallas._over_chunks(snap, 4).block_shape == (None, 4, None, 32, 64)
+    per_head_first = pl.BlockSpec((None, None, None, 32), lambda b, h, c, kt=0: (b, h, c, kt))
+    with pytest.raises(ValueError, match="axis 1"):
+        chunk_pallas._over_chunks(per_head_first, 4)
 
 
 @pytest.mark.parametrize("chunk, fall_row", [(16, 20), (32, 8)])
