@@ -15,9 +15,10 @@ launches or options. Per launch it prints:
   wgmma) and the most frequent opcodes.
 
 The ``triton`` package is not the Triton inside jaxlib that compiles these kernels on the device, so the numbers
-approximate the device's. On the H200 at the 1B KDA shape, Nsight Compute measured 79 registers for ``grad_bwd``
-and 72 for ``grad_wy_bwd`` where this tool reports 80 and 72 (``--run`` above,
-``benchmarks/results/h200_2026-11-30_round9/2_ncu_kda_1b.txt``; ``tests/kernels/test_kernel_resources.py``).
+approximate the device's. On the H200 at the 1B KDA shape, Nsight Compute measured 64 / 72 registers for
+``grad_bwd`` / ``grad_wy_bwd`` where this tool reports the same, but 196 for ``grad_bwd_levels`` where it reports
+166 (``--run`` above, ``benchmarks/results/h200_2026-11-30_round10/7_ncu_kda_1b.txt``;
+``tests/kernels/test_kernel_resources.py``).
 Needs ``triton`` (installed with the ``export`` extra's torch on Linux).
 """
 

@@ -47,8 +47,9 @@ class RecurrentConfig:
     pass 8-16% less (four commands). Compiled offline for sm90 the first launches execute 41-61% fewer instructions
     and no longer spill. ``levels_chunks``: chunks per program of those second launches (the largest power of two
     up to it that divides the chunk count); a program whose chunks all keep within the span exits after loading
-    their flags. On the H200 8 against one per program: KDA anchor fwd+bwd 4.567 -> 4.184 ms (no chunk far), and
-    9-22% slower at the anchor and the 1B shape with nearly every chunk far (``one_reference_span=1``).
+    their flags. On the H200, 8 against the previous form (one chunk per program, each loading its gate): KDA anchor
+    fwd+bwd 4.567 -> 4.184 ms (no chunk far), and 9-22% slower at the anchor and the 1B shape with nearly every
+    chunk far (``one_reference_span=1``).
     """
 
     chunk: int = 64
