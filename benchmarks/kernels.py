@@ -126,9 +126,9 @@ def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
     h, vn, _ = chunk_pallas.state_fwd(st, *args["state"])
     args["output"] = (q, k, vn, gam, h)
     _, p = chunk_pallas.output(st, *args["output"])
-    args["state_bwd"] = (q, k, gam, w, p, do, h0)
-    dh, dvn, _ = chunk_pallas.state_bwd(st, *args["state_bwd"])
-    args["grad"] = (q, k, v, beta, gam, t, h, dh, vn, dvn if s.delta else None, do)
+    args["state_bwd"] = (q, k, gam, w, p, do, h0, h)
+    dh, dvn, _, hdh = chunk_pallas.state_bwd(st, *args["state_bwd"])
+    args["grad"] = (q, k, v, beta, gam, t, h, dh, hdh, vn, dvn if s.delta else None, do)
     return args
 
 

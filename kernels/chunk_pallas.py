@@ -423,14 +423,18 @@ def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: f
 def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool):
     """Reverse sequential pass for one (batch, head, V-tile).
 
-    Per chunk (last to first), with ``ds`` the gradient of the state at the chunk's end::
+    Per chunk (last to first), with ``ds`` the gradient of the state at the chunk's end and ``h`` the state at its
+    start (this V tile's columns)::
 
-        d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
+        hdh = sum_v h ds;   d(v_new) = P^T dO + K_end ds;
+        ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
+
+    ``hdh`` (this V tile's part) is the gradient pass's ``d(gamma_last)`` term of the state decay.
     """
     q_ref, k_ref, gam_ref, *refs = refs
     w_ref = refs.pop(0) if delta else None
     p_ref = refs.pop(0) if len(gam_ref.shape) == 2 else None  # per-key gate: P stored by the output kernel
-    do_ref, dht_ref, dh_ref, dvn_ref, dh0_ref = refs
+    do_ref, dht_ref, h_ref, dh_ref, dvn_ref, dh0_ref, hdh_ref = refs
     cd = q_ref.dtype
     i, j = _iota(chunk)
 
@@ -438,6 +442,7 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
         c = n_chunks - 1 - step
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
         dh_ref[c] = ds.astype(dh_ref.dtype)
+        hdh_ref[pl.ds(c, 1), :] = jnp.sum(h_ref[c].astype(F32) * ds, axis=1)[None, :]
         q = q_ref[rows, :]
         k = k_ref[rows, :]
         gam = gam_ref[rows]
@@ -477,10 +482,11 @@ def _gram_vjp(m: list, a: list, b: list, gam: list, strict: bool, span: float = 
 class _Snapshots:
     """One chunk's state snapshots ``h`` (its start state) and ``dh`` (the gradient of its end state), ``[K, V]``
     each, in the products the gradient kernels take of them; each tile is loaded where it is first used (with
-    loads up front the anchor's gradient launch took 247 registers instead of 178, compiled for sm90)."""
+    loads up front the anchor's gradient launch took 247 registers instead of 178, compiled for sm90). ``hdh_ref``:
+    ``sum_v h dh`` ``[K]``, from the reverse state pass."""
 
-    def __init__(self, h_ref, dh_ref=None):
-        self.refs, self.tiles = {"h": h_ref, "dh": dh_ref}, {}
+    def __init__(self, h_ref, dh_ref=None, hdh_ref=None):
+        self.refs, self.tiles, self.hdh_ref = {"h": h_ref, "dh": dh_ref}, {}, hdh_ref
 
     def _tile(self, name: str) -> jax.Array:
         if name not in self.tiles:
@@ -496,8 +502,8 @@ class _Snapshots:
         return _dot(x, self._tile("dh").T)
 
     def hdh(self) -> jax.Array:
-        """``sum_v h dh`` (float32 ``[K]``; single-axis reductions only, for the Triton lowering)."""
-        return jnp.sum(self._tile("h").astype(F32) * self._tile("dh").astype(F32), axis=1)
+        """``sum_v h dh`` (float32 ``[K]``)."""
+        return self.hdh_ref[...]
 
 
 def _grad_through_output(q: list, k: list, gam: list, snap: _Snapshots, vn: list, do: list, scale: float,
@@ -599,15 +605,15 @@ def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, fir
     """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
     fused in). ``span``: see :func:`_one_matmul_pairs`."""
     if delta:
-        (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
+        (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, hdh_ref, vn_ref, dvn_ref, do_ref,
          dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
     else:
-        q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
+        q_ref, k_ref, gam_ref, h_ref, dh_ref, hdh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
     per_key = len(gam_ref.shape) == 2
     first = _first_k_tile(tiled, first)
     k, gam, vn, do = (_blocks(r, per_key) for r in (k_ref, gam_ref, vn_ref, do_ref))
     dvn = _blocks(dvn_ref, per_key) if delta else None
-    snap = _Snapshots(h_ref, dh_ref)
+    snap = _Snapshots(h_ref, dh_ref, hdh_ref)
     dq, dk, dgam = _grad_through_output(_blocks(q_ref, per_key), k, gam, snap, vn, do, scale, span)
     if delta:
         dk_wy, dgam_wy, dv, dbeta = _grad_through_wy(
@@ -838,6 +844,10 @@ class _Specs:
     def snap(self, K, V):
         return pl.BlockSpec((None, None, None, K, V), lambda b, h, c, kt=0: (b, c, h, kt, 0))
 
+    def chunk_keys(self, D):
+        """A chunk's ``[K]`` vector in ``[B, N, HV, K]``, ``D`` entries following the K tile."""
+        return pl.BlockSpec((None, None, None, D), lambda b, h, c, kt=0: (b, c, h, kt))
+
     # sequential over chunks, tiled over V
     def qk_seq(self, D):
         return pl.BlockSpec((None, self.T, None, D), lambda b, h, v: (b, 0, h // self.G, 0))
@@ -932,29 +942,33 @@ def output(st: Static, q, k, vn, gam, h, redo_far: bool = True):
     return outs[0], (outs[1] if per_key else None)
 
 
-def state_bwd(st: Static, q, k, gam, w, p, do, dht):
+def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
-    state) ``[B,HV,K,V]`` float32. ``w`` is None without the delta rule; ``p`` (from :func:`output`) is given with
-    a per-key gate, else None."""
+    state) ``[B,HV,K,V]`` float32, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh`` per chunk). ``w`` is None without the
+    delta rule; ``p`` (from :func:`output`) is given with a per-key gate, else None; ``h``: the state snapshots
+    (:func:`state_fwd`)."""
     B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam)
     sds = jax.ShapeDtypeStruct
     delta = w is not None
     kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta)
-    ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht]
+    ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht, h]
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
-        [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K)]
-    # one chunk's loads (q, k, gate, w, P, dO tile): a pipeline stage's shared memory
+        [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K), s.snaps_seq(N, K)]
+    # one chunk's loads (q, k, gate, w, P, dO tile, h tile): a pipeline stage's shared memory
     isz = q.dtype.itemsize
     stage = st.chunk * (K * isz * (3 if delta else 2) + _gate_bytes(gam) + (st.chunk * isz if p is not None else 0)
-                        + BV * do.dtype.itemsize)
-    return _call(
+                        + BV * do.dtype.itemsize) + K * BV * h.dtype.itemsize
+    dh, dvn, dh0, hdh = _call(
         kernel, "state_bwd", fit_stages(st.cfg.state_bwd, stage, st.cfg.shared_memory), st, (B, HV, V // BV), specs,
-        [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
-        [sds((B, N, HV, K, V), q.dtype), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32)],
+        [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K),
+         pl.BlockSpec((None, N, None, None, K), lambda b, hv, v: (b, 0, hv, v, 0))],
+        [sds((B, N, HV, K, V), q.dtype), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32),
+         sds((B, N, HV, V // BV, K), F32)],
     )(*ins)
+    return dh, dvn, dh0, jnp.sum(hdh, axis=3)
 
 
-def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, redo_far: bool = True):
+def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: bool = True):
     """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule
     (``beta`` given), ``dv [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32.
 
@@ -984,9 +998,9 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, redo_far: bool =
         dq, dk, dgam = _diagonal_launches(
             functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled), "grad_bwd", st.cfg.grad, st,
             grid,
-            [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)],
+            [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.chunk_keys(BK), s.tok(V), s.tok(V)],
             out_specs, out_shape, gam_index=2, causal=False, redo_far=redo_far,
-        )(q, k, gam, h, dh, vn, do)
+        )(q, k, gam, h, dh, hdh, vn, do)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
         dk, dgam, dv, dbeta = _diagonal_launches(
@@ -998,10 +1012,10 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, vn, dvn, do, redo_far: bool =
         return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _diagonal_launches(
         functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
-        [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V), s.tok(V),
-         s.tok(V), s.tok(V)],
+        [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V),
+         s.chunk_keys(BK), s.tok(V), s.tok(V), s.tok(V)],
         out_specs + wy_specs, out_shape + wy_shape, gam_index=4, causal=False, redo_far=redo_far,
-    )(q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+    )(q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 
 
@@ -1017,12 +1031,12 @@ def _backward(st: Static, res, do, dht):
     q, k, v, gam, beta, w, t, h, vn, p = res
     B, T, H, K = q.shape
     do = do.astype(q.dtype)
-    dh, dvn, dh0 = state_bwd(st, q, k, gam, w, p, do, dht)
+    dh, dvn, dh0, hdh = state_bwd(st, q, k, gam, w, p, do, dht, h)
     if beta is None:
-        dq, dk, dgam = grad(st, q, k, v, None, gam, None, h, dh, vn, None, do)
+        dq, dk, dgam = grad(st, q, k, v, None, gam, None, h, dh, hdh, vn, None, do)
         dv, dbeta = dvn, None
     else:
-        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, t, h, dh, vn, dvn, do)
+        dq, dk, dgam, dv, dbeta = grad(st, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do)
         dbeta = dbeta.astype(beta.dtype)
     group = (B, T, H, v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(q.dtype)

@@ -260,9 +260,9 @@ def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_
     h, vn, _ = chunk_pallas.state_fwd(st, k, gam, w, u, h0)
     _, p = chunk_pallas.output(st, q, k, vn, gam, h)
     do = weights[0].astype(v.dtype)
-    dh, dvn, _ = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1])
+    dh, dvn, _, hdh = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1], h)
     return st, {"wy": (k, v, gam, beta), "output": (q, k, vn, gam, h),
-                "grad": (q, k, v, beta, gam, t, h, dh, vn, dvn, do)}
+                "grad": (q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do)}
 
 
 @pytest.mark.parametrize("T, fall_rows, levels_chunks", [(48, (20,), 8), (64, (5, 36), 4), (64, (36,), 2)],
