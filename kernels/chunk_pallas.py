@@ -954,10 +954,11 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht, h]
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
         [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K), s.snaps_seq(N, K)]
-    # one chunk's loads (q, k, gate, w, P, dO tile, h tile): a pipeline stage's shared memory
+    # one chunk's loads (q, k, gate, w, P, dO tile): a pipeline stage's shared memory (the snapshot tile read for
+    # hdh is not staged: offline at the KDA anchor the launch's shared memory did not change)
     isz = q.dtype.itemsize
     stage = st.chunk * (K * isz * (3 if delta else 2) + _gate_bytes(gam) + (st.chunk * isz if p is not None else 0)
-                        + BV * do.dtype.itemsize) + K * BV * h.dtype.itemsize
+                        + BV * do.dtype.itemsize)
     dh, dvn, dh0, hdh = _call(
         kernel, "state_bwd", fit_stages(st.cfg.state_bwd, stage, st.cfg.shared_memory), st, (B, HV, V // BV), specs,
         [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K),
