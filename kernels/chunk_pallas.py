@@ -420,21 +420,22 @@ def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: f
     _store_blocks(o_ref, [x + y for x, y in zip(qh, _lower_matmul(p, _blocks(vn_ref, per_key)), strict=True)])
 
 
-def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool):
+def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool, hdh: bool):
     """Reverse sequential pass for one (batch, head, V-tile).
 
-    Per chunk (last to first), with ``ds`` the gradient of the state at the chunk's end and ``h`` the state at its
-    start (this V tile's columns)::
+    Per chunk (last to first), with ``ds`` the gradient of the state at the chunk's end::
 
-        hdh = sum_v h ds;   d(v_new) = P^T dO + K_end ds;
-        ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
+        d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
-    ``hdh`` (this V tile's part) is the gradient pass's ``d(gamma_last)`` term of the state decay.
+    ``hdh``: also ``sum_v h ds`` (this V tile's part), with ``h`` the state at the chunk's start (the forward's
+    snapshot): the gradient pass's ``d(gamma_last)`` term of the state decay.
     """
     q_ref, k_ref, gam_ref, *refs = refs
     w_ref = refs.pop(0) if delta else None
     p_ref = refs.pop(0) if len(gam_ref.shape) == 2 else None  # per-key gate: P stored by the output kernel
-    do_ref, dht_ref, h_ref, dh_ref, dvn_ref, dh0_ref, hdh_ref = refs
+    do_ref, dht_ref, *refs = refs
+    h_ref = refs.pop(0) if hdh else None
+    dh_ref, dvn_ref, dh0_ref, *hdh_ref = refs
     cd = q_ref.dtype
     i, j = _iota(chunk)
 
@@ -442,7 +443,8 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
         c = n_chunks - 1 - step
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
         dh_ref[c] = ds.astype(dh_ref.dtype)
-        hdh_ref[pl.ds(c, 1), :] = jnp.sum(h_ref[c].astype(F32) * ds, axis=1)[None, :]
+        if hdh:
+            hdh_ref[0][pl.ds(c, 1), :] = jnp.sum(h_ref[c].astype(F32) * ds, axis=1)[None, :]
         q = q_ref[rows, :]
         k = k_ref[rows, :]
         gam = gam_ref[rows]
@@ -483,7 +485,7 @@ class _Snapshots:
     """One chunk's state snapshots ``h`` (its start state) and ``dh`` (the gradient of its end state), ``[K, V]``
     each, in the products the gradient kernels take of them; each tile is loaded where it is first used (with
     loads up front the anchor's gradient launch took 247 registers instead of 178, compiled for sm90). ``hdh_ref``:
-    ``sum_v h dh`` ``[K]``, from the reverse state pass."""
+    ``sum_v h dh`` ``[K]`` from the reverse state pass, if it computed it (:func:`hdh_in_state_bwd`)."""
 
     def __init__(self, h_ref, dh_ref=None, hdh_ref=None):
         self.refs, self.tiles, self.hdh_ref = {"h": h_ref, "dh": dh_ref}, {}, hdh_ref
@@ -502,8 +504,10 @@ class _Snapshots:
         return _dot(x, self._tile("dh").T)
 
     def hdh(self) -> jax.Array:
-        """``sum_v h dh`` (float32 ``[K]``)."""
-        return self.hdh_ref[...]
+        """``sum_v h dh`` (float32 ``[K]``; single-axis reductions only, for the Triton lowering)."""
+        if self.hdh_ref is not None:
+            return self.hdh_ref[...]
+        return jnp.sum(self._tile("h").astype(F32) * self._tile("dh").astype(F32), axis=1)
 
 
 def _grad_through_output(q: list, k: list, gam: list, snap: _Snapshots, vn: list, do: list, scale: float,
@@ -601,14 +605,18 @@ def _store_once(first, ref, blocks: list[jax.Array]) -> None:
         pl.when(first)(lambda: _store_blocks(ref, blocks))
 
 
-def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, first=None):
+def _grad_kernel(*refs, scale: float, delta: bool, tiled: bool, span: float, hdh: bool, first=None):
     """One chunk (and, ``tiled``, one K tile): dq, dk, d(gamma) and, with ``delta``, also dv and dbeta (the WY part
-    fused in). ``span``: see :func:`_one_matmul_pairs`."""
+    fused in). ``span``: see :func:`_one_matmul_pairs`; ``hdh``: ``sum_v h dh`` is an input (the last one)."""
     if delta:
-        (q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, hdh_ref, vn_ref, dvn_ref, do_ref,
-         dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref) = refs
+        q_ref, k_ref, v_ref, beta_ref, gam_ref, t_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref, *refs = refs
     else:
-        q_ref, k_ref, gam_ref, h_ref, dh_ref, hdh_ref, vn_ref, do_ref, dq_ref, dk_ref, dgam_ref = refs
+        q_ref, k_ref, gam_ref, h_ref, dh_ref, vn_ref, do_ref, *refs = refs
+    hdh_ref = refs.pop(0) if hdh else None
+    if delta:
+        dq_ref, dk_ref, dgam_ref, dv_ref, dbeta_ref = refs
+    else:
+        dq_ref, dk_ref, dgam_ref = refs
     per_key = len(gam_ref.shape) == 2
     first = _first_k_tile(tiled, first)
     k, gam, vn, do = (_blocks(r, per_key) for r in (k_ref, gam_ref, vn_ref, do_ref))
@@ -942,31 +950,38 @@ def output(st: Static, q, k, vn, gam, h, redo_far: bool = True):
     return outs[0], (outs[1] if per_key else None)
 
 
+def hdh_in_state_bwd(cfg: RecurrentConfig, K: int, V: int) -> bool:
+    """Whether the reverse state pass computes the gradient pass's ``sum_v h dh`` (``K``, ``V``: padded head
+    dims; see ``RecurrentConfig.state_bwd_hdh_from``)."""
+    return cfg.state_bwd_hdh_from is not None and K * V >= cfg.state_bwd_hdh_from
+
+
 def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
-    state) ``[B,HV,K,V]`` float32, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh`` per chunk). ``w`` is None without the
-    delta rule; ``p`` (from :func:`output`) is given with a per-key gate, else None; ``h``: the state snapshots
-    (:func:`state_fwd`)."""
+    state) ``[B,HV,K,V]`` float32 and, if :func:`hdh_in_state_bwd`, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh``
+    per chunk, from the float32 ``dh``), else None. ``w`` is None without the delta rule; ``p`` (from
+    :func:`output`) is given with a per-key gate, else None; ``h``: the state snapshots (:func:`state_fwd`)."""
     B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam)
     sds = jax.ShapeDtypeStruct
-    delta = w is not None
-    kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta)
-    ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht, h]
+    delta, hdh = w is not None, hdh_in_state_bwd(st.cfg, K, V)
+    kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta, hdh=hdh)
+    ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht] + ([h] if hdh else [])
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
-        [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K), s.snaps_seq(N, K)]
+        [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K)] + (
+        [s.snaps_seq(N, K)] if hdh else [])
     # one chunk's loads (q, k, gate, w, P, dO tile): a pipeline stage's shared memory (the snapshot tile read for
     # hdh is not staged: offline at the KDA anchor the launch's shared memory did not change)
     isz = q.dtype.itemsize
     stage = st.chunk * (K * isz * (3 if delta else 2) + _gate_bytes(gam) + (st.chunk * isz if p is not None else 0)
                         + BV * do.dtype.itemsize)
-    dh, dvn, dh0, hdh = _call(
+    outs = _call(
         kernel, "state_bwd", fit_stages(st.cfg.state_bwd, stage, st.cfg.shared_memory), st, (B, HV, V // BV), specs,
-        [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K),
-         pl.BlockSpec((None, N, None, None, K), lambda b, hv, v: (b, 0, hv, v, 0))],
-        [sds((B, N, HV, K, V), q.dtype), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32),
-         sds((B, N, HV, V // BV, K), F32)],
+        [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)]
+        + ([pl.BlockSpec((None, N, None, None, K), lambda b, hv, v: (b, 0, hv, v, 0))] if hdh else []),
+        [sds((B, N, HV, K, V), q.dtype), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32)]
+        + ([sds((B, N, HV, V // BV, K), F32)] if hdh else []),
     )(*ins)
-    return dh, dvn, dh0, jnp.sum(hdh, axis=3)
+    return (*outs[:3], jnp.sum(outs[3], axis=3) if hdh else None)
 
 
 def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: bool = True):
@@ -977,7 +992,8 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
     state update, ``grad_wy`` through the WY transform, which adds the first's dk and d(gamma) to its own) instead
     of one, so that neither program holds every tile at once (the fused kernel spills registers at large K V). With
     ``cfg.block_k < K`` each launch has one program per (chunk, K tile); what sums over K (dbeta, a scalar gate's
-    d(gamma)) comes out as one partial sum per tile, added here. ``redo_far``: see :func:`_diagonal_launches`."""
+    d(gamma)) comes out as one partial sum per tile, added here. ``hdh``: ``sum_v h dh`` from :func:`state_bwd`, or
+    None (then ``grad`` computes it from the snapshots). ``redo_far``: see :func:`_diagonal_launches`."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
     split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
@@ -995,13 +1011,14 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
     out_shape = [sds((B, T, HV, K), F32), sds((B, T, HV, K), F32), parts if dgam_parts else sds(gam.shape, F32)]
     wy_specs = [s.tok(V), s.part() if tiled else s.vec()]
     wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
+    hdh_in, hdh_specs = ([], []) if hdh is None else ([hdh], [s.chunk_keys(BK)])
+    grad_kernel = functools.partial(_grad_kernel, scale=st.scale, tiled=tiled, hdh=hdh is not None)
     if not delta or split:
         dq, dk, dgam = _diagonal_launches(
-            functools.partial(_grad_kernel, scale=st.scale, delta=False, tiled=tiled), "grad_bwd", st.cfg.grad, st,
-            grid,
-            [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.chunk_keys(BK), s.tok(V), s.tok(V)],
+            functools.partial(grad_kernel, delta=False), "grad_bwd", st.cfg.grad, st, grid,
+            [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)] + hdh_specs,
             out_specs, out_shape, gam_index=2, causal=False, redo_far=redo_far,
-        )(q, k, gam, h, dh, hdh, vn, do)
+        )(q, k, gam, h, dh, vn, do, *hdh_in)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
         dk, dgam, dv, dbeta = _diagonal_launches(
@@ -1012,11 +1029,11 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
         )(k, v, beta, gam, vn, t, h, dvn, dk, dgam)
         return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _diagonal_launches(
-        functools.partial(_grad_kernel, scale=st.scale, delta=True, tiled=tiled), "grad_bwd", st.cfg.grad, st, grid,
+        functools.partial(grad_kernel, delta=True), "grad_bwd", st.cfg.grad, st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V),
-         s.chunk_keys(BK), s.tok(V), s.tok(V), s.tok(V)],
+         s.tok(V), s.tok(V), s.tok(V)] + hdh_specs,
         out_specs + wy_specs, out_shape + wy_shape, gam_index=4, causal=False, redo_far=redo_far,
-    )(q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do)
+    )(q, k, v, beta, gam, t, h, dh, vn, dvn, do, *hdh_in)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 
 

@@ -50,6 +50,11 @@ class RecurrentConfig:
     their flags. On the H200, 8 against the previous form (one chunk per program, each loading its gate): KDA anchor
     fwd+bwd 4.567 -> 4.184 ms (no chunk far), and 9-22% slower at the anchor and the 1B shape with nearly every
     chunk far (``one_reference_span=1``).
+    ``state_bwd_hdh_from``: with ``K * V`` (padded head dims) at least this, the reverse state pass also computes
+    the gradient pass's ``sum_v h dh`` per chunk (from its float32 carry and the forward's snapshot of ``h``), so
+    that the gradient kernel does not multiply the two ``[K, V]`` snapshots (``None``: never). Compiled for sm90 at
+    the KDA anchor that takes ``grad`` from 178 to 128 registers and adds spills to ``state_bwd``; on the H200 it
+    pays at the KDA anchor and costs at K = 32 and at GDN's anchor (see the KDA table).
     """
 
     chunk: int = 64
@@ -67,6 +72,7 @@ class RecurrentConfig:
     block_k: int | None = None
     one_reference_span: int = 32
     levels_chunks: int = 8
+    state_bwd_hdh_from: int | None = None
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:
@@ -137,6 +143,10 @@ RECURRENT: dict[str, RecurrentConfig] = {
 # wy 8 warps/2 stages -> 4/1: 1.85 -> 1.07; state 4/2 -> 4/3: 1.31 -> 1.04; output 8/2 -> 2/3: 1.83 -> 1.15;
 # state_bwd 4/2 -> 4/3: 1.81 -> 1.67; grad and block_v unchanged. The ROCm entries are the GDN launches at chunk 16
 # with the split gradient pass and 8-warp `grad`, untimed.
+# ``state_bwd_hdh_from`` at K * V >= 128 * 128 only. Two H200s of one host, each timing the build without it and
+# with it everywhere (fwd+bwd ms, without -> with): KDA anchor 4.080 -> 3.952 and 4.328 -> 3.991 (``grad`` 2.09 ->
+# 1.73, ``state_bwd`` 0.71 -> 0.85-0.97); 1B shape 1.286 -> 1.471, 1.385 -> 1.398; 300M shape 0.851 -> 1.028,
+# 0.879 -> 0.932; GDN anchor 2.599 -> 2.732, 2.592 -> 2.652. ROCm: untimed, left off.
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
     "sm90": dataclasses.replace(
         RECURRENT["sm90"],
@@ -146,6 +156,7 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         output=Launch(2, 3),
         state_bwd=Launch(4, 3),
         split_grad_from=0,
+        state_bwd_hdh_from=128 * 128,
     ),
     # KDA's gradient pass keeps 8 warps on ROCm: it spills nothing there (at most 214 VGPRs, offline compile).
     "gfx942": dataclasses.replace(RECURRENT["gfx942"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),
