@@ -872,6 +872,10 @@ class _Specs:
     def state_seq(self, K):
         return pl.BlockSpec((None, None, K, self.BV), lambda b, h, v: (b, h, 0, v))
 
+    def keys_per_vtile_seq(self, N, K):
+        """Every chunk's ``[K]`` vector of this V tile in ``[B, N, HV, V // BV, K]``."""
+        return pl.BlockSpec((None, N, None, None, K), lambda b, h, v: (b, 0, h, v, 0))
+
     def snaps_seq(self, N, K):
         return pl.BlockSpec((None, N, None, K, self.BV), lambda b, h, v: (b, 0, h, 0, v))
 
@@ -977,7 +981,7 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     outs = _call(
         kernel, "state_bwd", fit_stages(st.cfg.state_bwd, stage, st.cfg.shared_memory), st, (B, HV, V // BV), specs,
         [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)]
-        + ([pl.BlockSpec((None, N, None, None, K), lambda b, hv, v: (b, 0, hv, v, 0))] if hdh else []),
+        + ([s.keys_per_vtile_seq(N, K)] if hdh else []),
         [sds((B, N, HV, K, V), q.dtype), sds((B, T, HV, V), F32), sds((B, HV, K, V), F32)]
         + ([sds((B, N, HV, V // BV, K), F32)] if hdh else []),
     )(*ins)

@@ -118,16 +118,17 @@ def test_split_gradient_pass(per_key):
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
-@pytest.mark.parametrize("split_grad_from", [None, 0], ids=["fused", "split"])
+@pytest.mark.parametrize("split_grad_from, block_k", [(None, None), (0, None), (0, 16)],
+                         ids=["fused", "split", "split-key-tiles"])
 @pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
-def test_hdh_from_the_reverse_state_pass(kind, split_grad_from):
+def test_hdh_from_the_reverse_state_pass(kind, split_grad_from, block_k):
     """With ``state_bwd_hdh_from`` the reverse state pass computes the gradient pass's ``sum_v h dh`` (summed over
-    two V tiles of 16): the same values and gradients."""
+    two V tiles of 16; with ``block_k``, read by two K tiles): the same values and gradients."""
     per_key = kind == "kda"
-    inputs, weights = make_inputs(16, T=37, V=32, delta=kind != "gla", per_key=per_key)
+    inputs, weights = make_inputs(16, T=37, K=32, V=32, delta=kind != "gla", per_key=per_key)
     config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_v=16, state_bwd_hdh_from=0,
-                                 split_grad_from=split_grad_from)
-    assert chunk_pallas.hdh_in_state_bwd(config, 16, 32)
+                                 split_grad_from=split_grad_from, block_k=block_k)
+    assert chunk_pallas.hdh_in_state_bwd(config, 32, 32)
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
