@@ -435,7 +435,8 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
     p_ref = refs.pop(0) if len(gam_ref.shape) == 2 else None  # per-key gate: P stored by the output kernel
     do_ref, dht_ref, *refs = refs
     h_ref = refs.pop(0) if hdh else None
-    dh_ref, dvn_ref, dh0_ref, *hdh_ref = refs
+    dh_ref, dvn_ref, dh0_ref = refs[:3]
+    hdh_ref = refs[3] if hdh else None
     cd = q_ref.dtype
     i, j = _iota(chunk)
 
@@ -444,7 +445,7 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
         dh_ref[c] = ds.astype(dh_ref.dtype)
         if hdh:
-            hdh_ref[0][pl.ds(c, 1), :] = jnp.sum(h_ref[c].astype(F32) * ds, axis=1)[None, :]
+            hdh_ref[pl.ds(c, 1), :] = jnp.sum(h_ref[c].astype(F32) * ds, axis=1)[None, :]
         q = q_ref[rows, :]
         k = k_ref[rows, :]
         gam = gam_ref[rows]
@@ -954,10 +955,15 @@ def output(st: Static, q, k, vn, gam, h, redo_far: bool = True):
     return outs[0], (outs[1] if per_key else None)
 
 
+def _head_dims_from(threshold: int | None, K: int, V: int) -> bool:
+    """A config rule on the padded head dims: ``K * V`` at least ``threshold`` (``None``: never)."""
+    return threshold is not None and K * V >= threshold
+
+
 def hdh_in_state_bwd(cfg: RecurrentConfig, K: int, V: int) -> bool:
     """Whether the reverse state pass computes the gradient pass's ``sum_v h dh`` (``K``, ``V``: padded head
     dims; see ``RecurrentConfig.state_bwd_hdh_from``)."""
-    return cfg.state_bwd_hdh_from is not None and K * V >= cfg.state_bwd_hdh_from
+    return _head_dims_from(cfg.state_bwd_hdh_from, K, V)
 
 
 def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
@@ -1000,7 +1006,7 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
     None (then ``grad`` computes it from the snapshots). ``redo_far``: see :func:`_diagonal_launches`."""
     B, T, HV, K, V, N, _, s = _dims(st, q, v, gam)
     sds = jax.ShapeDtypeStruct
-    split = st.cfg.split_grad_from is not None and K * V >= st.cfg.split_grad_from
+    split = _head_dims_from(st.cfg.split_grad_from, K, V)
     delta = beta is not None
     BK = min(st.cfg.block_k or K, K)
     tiled = BK < K

@@ -260,14 +260,17 @@ def test_kda_one_reference_diagonal_products(strict):
     assert not np.array_equal(np.asarray(gram(mild, 32.0)), np.asarray(gram(mild, 0.0)))
 
 
-def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_chunks: int = 8):
+def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_chunks: int = 8,
+                     want_hdh: bool = False):
     """A KDA case at chunk 16 (``T / 16`` chunks of one 16-row block) whose mild gate falls by 100 at each of
-    ``fall_rows``, and the arguments of every stage: ``(static, {stage: args})``."""
+    ``fall_rows``, and the arguments of every stage: ``(static, {stage: args})``. ``want_hdh``: the gradient pass takes
+    ``sum_v h dh`` from the reverse state pass (``state_bwd_hdh_from``)."""
     inputs, weights = make_inputs(seed, B=1, T=T, per_key=True)
     for row in fall_rows:
         inputs["g"] = inputs["g"].at[:, row].add(-100.0)
     q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
-    cfg = dataclasses.replace(tuning.recurrent_config(per_key=True), levels_chunks=levels_chunks)
+    cfg = dataclasses.replace(tuning.recurrent_config(per_key=True), levels_chunks=levels_chunks,
+                              state_bwd_hdh_from=0 if want_hdh else None)
     st = chunk_pallas.Static(0.25, 16, cfg, True)
     gam = jnp.cumsum(g.reshape(1, T // 16, 16, *g.shape[2:]), axis=2).reshape(g.shape)
     u, w, t = chunk_pallas.wy(st, k, v, gam, beta)
@@ -275,22 +278,25 @@ def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_
     _, p = chunk_pallas.output(st, q, k, vn, gam, h)
     do = weights[0].astype(v.dtype)
     dh, dvn, _, hdh = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1], h)
+    assert (hdh is not None) == want_hdh
     return st, {"wy": (k, v, gam, beta), "output": (q, k, vn, gam, h),
                 "grad": (q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do)}
 
 
 @pytest.mark.parametrize("T, fall_rows, levels_chunks", [(48, (20,), 8), (64, (5, 36), 4), (64, (36,), 2)],
                          ids=["one-chunk-per-program", "four-chunks-per-program", "two-chunks-per-program"])
-@pytest.mark.parametrize("stage", ["wy", "output", "grad"])
+@pytest.mark.parametrize("stage", ["wy", "output", "grad", "grad_hdh"])
 def test_kda_one_reference_passes_and_their_fallback(stage, T, fall_rows, levels_chunks):
     """Each KDA kernel with diagonal blocks runs first around one reference row per block, then, in the chunks where
     the gate falls by 100 at a row, with the levels, which rewrite the far rows in place: in the forward that row and
     the later ones of its chunk (a row's choice reads no later gate), in the gradient pass the whole block. The far
     rows are the levels' bit for bit (the one-reference form is wrong there), the others the one-reference form's,
     which really differs from the levels' in rounding. The levels launch takes 1 (three chunks), 4 or 2 chunks per
-    program (``levels_chunks``). Values and gradients of the whole recurrence on such a gate:
+    program (``levels_chunks``); ``grad_hdh``: the gradient pass with ``sum_v h dh`` as an input (from the reverse
+    state pass). Values and gradients of the whole recurrence on such a gate:
     ``test_kda_one_reference_fallback_end_to_end``."""
-    st, args = kda_stage_inputs(17, fall_rows, T, levels_chunks)
+    st, args = kda_stage_inputs(17, fall_rows, T, levels_chunks, want_hdh=stage == "grad_hdh")
+    stage = stage.removesuffix("_hdh")
     launch = {"wy": chunk_pallas.wy, "output": chunk_pallas.output, "grad": chunk_pallas.grad}[stage]
     mixed, fast = (launch(st, *args[stage], redo_far=redo) for redo in (True, False))
     st_levels = dataclasses.replace(st, cfg=dataclasses.replace(st.cfg, one_reference_span=0))
