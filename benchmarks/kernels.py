@@ -114,7 +114,7 @@ def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
     st = chunk_pallas.Static(s.K**-0.5, chunk, config, interpret)
     q, k, v, beta = reference.l2_normalize(x["q"]).astype(x["q"].dtype), x["k"], x["v"], x.get("beta")
     g = x["g"]
-    gam = jnp.cumsum(g.reshape(s.B, s.T // chunk, chunk, *g.shape[2:]), axis=2).reshape(g.shape)
+    gam = chunk_pallas.chunk_local_cumsum(g, chunk)
     h0 = jnp.zeros((s.B, s.HV, s.K, s.V), jnp.float32)
     do = jax.random.normal(jax.random.PRNGKey(1), v.shape, v.dtype)
     args = {}

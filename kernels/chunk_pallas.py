@@ -1108,6 +1108,21 @@ def _per_batch_shard(fn, batch: int):
     return jax.shard_map(fn, in_specs=spec, out_specs=spec, axis_names=set(axes), check_vma=False)
 
 
+def chunk_local_cumsum(g: jax.Array, C: int) -> jax.Array:
+    """XLA: the cumulative sum of a gate ``g [B, T, HV]`` or ``[B, T, HV, K]`` within each chunk of ``C`` tokens (T a
+    multiple of C). A per-key gate's as a masked sum over a broadcast ``[B, N, C, C, HV, K]``, one fusion each way
+    (its VJP is the same sum, transposed): ``jnp.cumsum`` lowers to a reduce-window that took 0.17 ms each way on an
+    H200 at B8 T2048 HV16 K128 (8% of KDA's forward+backward), this form 0.08 ms. A scalar gate's, 1/K the size,
+    stays ``jnp.cumsum`` (at GDN's chunk 64 the masked sum took 0.02 ms against 0.007)."""
+    B, T = g.shape[:2]
+    x = g.reshape(B, T // C, C, *g.shape[2:])
+    if g.ndim == 3:
+        return jnp.cumsum(x, axis=2).reshape(g.shape)
+    i = jnp.arange(C)
+    lower = (i[None, :] <= i[:, None])[None, None, :, :, None, None]
+    return jnp.sum(jnp.where(lower, x[:, :, None], 0.0), axis=3).reshape(g.shape)
+
+
 def _pow2_at_least_16(n: int) -> int:
     return max(16, pl.next_power_of_2(n))
 
@@ -1159,7 +1174,7 @@ def chunk_recurrence(
     q, k = pad(q, Tp - T, 0, Kp - K), pad(k, Tp - T, 0, Kp - K)
     v = pad(v, Tp - T, 0, Vp - V)
     g = pad(g.astype(F32), Tp - T, 0, *([Kp - K] if g.ndim == 4 else []))
-    gam = jnp.cumsum(g.reshape(B, Tp // C, C, *g.shape[2:]), axis=2).reshape(g.shape)
+    gam = chunk_local_cumsum(g, C)
     beta = None if beta is None else pad(beta, Tp - T, 0)
     h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
     h0 = pad(h0, 0, Kp - K, Vp - V)

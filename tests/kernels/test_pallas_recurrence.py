@@ -272,7 +272,7 @@ def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_
     cfg = dataclasses.replace(tuning.recurrent_config(per_key=True), levels_chunks=levels_chunks,
                               state_bwd_hdh_from=0 if want_hdh else None)
     st = chunk_pallas.Static(0.25, 16, cfg, True)
-    gam = jnp.cumsum(g.reshape(1, T // 16, 16, *g.shape[2:]), axis=2).reshape(g.shape)
+    gam = chunk_pallas.chunk_local_cumsum(g, 16)
     u, w, t = chunk_pallas.wy(st, k, v, gam, beta)
     h, vn, _ = chunk_pallas.state_fwd(st, k, gam, w, u, h0)
     _, p = chunk_pallas.output(st, q, k, vn, gam, h)
@@ -335,6 +335,18 @@ def test_kda_one_reference_fallback_end_to_end(chunk, fall_row):
     inputs, weights = make_inputs(17, B=1, T=48, per_key=True)
     inputs["g"] = inputs["g"].at[:, fall_row].add(-100.0)
     check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
+def test_chunk_local_cumsum_and_its_vjp(per_key):
+    """The gate's cumulative sum restarts at every chunk of 16; its VJP is the reverse cumulative sum per chunk."""
+    g = jax.random.normal(jax.random.PRNGKey(20), (2, 48, 3, 8) if per_key else (2, 48, 3))
+    ct = jax.random.normal(jax.random.PRNGKey(21), g.shape)
+    out, vjp = jax.vjp(lambda x: chunk_pallas.chunk_local_cumsum(x, 16), g)
+    chunks = np.asarray(g).reshape(2, 3, 16, *g.shape[2:])
+    np.testing.assert_allclose(out, np.cumsum(chunks, axis=2).reshape(g.shape), rtol=1e-6, atol=1e-5)
+    rev = np.flip(np.cumsum(np.flip(np.asarray(ct).reshape(chunks.shape), 2), axis=2), 2)
+    np.testing.assert_allclose(vjp(ct)[0], rev.reshape(g.shape), rtol=1e-6, atol=1e-5)
 
 
 def test_rejects_bad_chunk_size():
