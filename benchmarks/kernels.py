@@ -1,10 +1,11 @@
 """Time the Pallas recurrent kernels (GDN, KDA, simple GLA / Mamba2 SSD) on a GPU and check them against the XLA form.
 
-    python -m benchmarks.kernels [--only NAME ...] [--repeats 20] [--xla-timing]
+    python -m benchmarks.kernels [--only NAME ...] [--repeats 20] [--xla-timing] [--trace DIR]
 
 bf16 inputs like FLA's anchor (``k`` L2-normalised, ``g = logsigmoid(randn) / 16`` (per key channel for KDA),
 ``beta = sigmoid(rand)``),
-forward and forward+backward (gradients of every input), median of ``--repeats`` timed calls after warm-up.
+forward and forward+backward (gradients of every input), median of ``--repeats`` timed samples after warm-up (a
+sample: as many back-to-back calls as take about 20 ms, ``benchmarks/timing.py``).
 Each result is checked against the chunked XLA form in float32 on the same inputs (relative RMS error:
 forward <= 5e-3, gradients <= 2e-2). Prints a table and writes ``$OUT/ours_kernels.json``.
 Achieved rates use the H200's dense bf16 peak (989 TFLOP/s) and HBM bandwidth (4.8 TB/s); the FLOP and
@@ -218,8 +219,24 @@ def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, rep
     return res
 
 
+def trace_fwd_bwd(fwd_bwd, x: dict, do: jax.Array, directory: Path, calls: int = 3) -> dict:
+    """Where the device time of ``calls`` forward+backward calls goes: a ``jax.profiler`` trace in ``directory``
+    with the HLO text beside it, summarized per kernel / XLA op (``benchmarks/trace_summary.py``) and printed."""
+    from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / HLO_FILE).write_text(fwd_bwd.lower(x, do).compile().as_text())
+    with jax.profiler.trace(str(directory), create_perfetto_trace=True):
+        for _ in range(calls):
+            out = fwd_bwd(x, do)
+        jax.block_until_ready(out)
+    summary = summarize(directory, hlo=directory / HLO_FILE)
+    print(format_summary(summary), flush=True)
+    return dict(calls=calls, **summary)
+
+
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
-        variants: tuple[str, ...] = ()) -> dict:
+        variants: tuple[str, ...] = (), trace: str = "") -> dict:
     x = inputs(s)
     do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
     cfg = recurrent_config(per_key=s.per_key)
@@ -248,6 +265,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
             v_res = {"error": f"{type(e).__name__}: {e}"[:2000]}
         res.setdefault("variants", {})[variant] = v_res
     res["stages_ms"] = stage_times(s, cfg, repeats, interpret)
+    if trace:
+        res["trace"] = trace_fwd_bwd(make_fns(s, "pallas", cfg, interpret)[1], x, do, Path(trace) / s.name)
     if xla_timing:
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
@@ -274,6 +293,8 @@ def main() -> None:
                          "chunk=32 or chunk=64,split_grad_from=none; repeatable)")
     ap.add_argument("--other-grad", action="store_true",
                     help="also time the other gradient-pass variant (fused or split, see tuning.split_grad_from)")
+    ap.add_argument("--trace", default="", help="also trace the table config's forward+backward into DIR/SHAPE and "
+                                                "print where its device time goes (kernels and XLA ops)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     args = ap.parse_args()
     shapes = (
@@ -298,7 +319,7 @@ def main() -> None:
             continue
         try:
             r = run(s, args.repeats, args.xla_timing, interpret=args.smoke, other_grad=args.other_grad,
-                    variants=tuple(args.variant))
+                    variants=tuple(args.variant), trace=args.trace)
         except Exception as e:  # keep going: one failing shape must not hide the others
             results[s.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{s.name:<12} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)

@@ -14,7 +14,8 @@
 #   kda kda_autotune         our KDA kernels (the table's chunk, chunks 32/64, fused or split gradient pass) beside our
 #                            GDN (env KDA_SHAPES, KDA_VARIANTS: set and empty for none); a launch sweep at KDA
 #                            shapes (env KDA_TUNE_SHAPES, KDA_TUNE_BUDGET seconds, KDA_START, e.g. chunk=64: from
-#                            that entry); KDA_TIMEOUT: kda's limit in seconds (default 300)
+#                            that entry); KDA_TIMEOUT: kda's limit in seconds (default 300); KDA_TRACE=DIR: also
+#                            trace each shape's forward+backward there and print where the device time goes
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
@@ -83,7 +84,7 @@ run_part() {
                # shellcheck disable=SC2086
                timeout "${KDA_TIMEOUT:-300}" python3 -m benchmarks.kernels \
                  --only ${KDA_SHAPES:-gdn_anchor kda_anchor kda_300m kda_1b} \
-                 "${variants[@]}" 2>&1 | tee "$OUT/kda_kernels.log" ;;
+                 "${variants[@]}" ${KDA_TRACE:+--trace "$KDA_TRACE"} 2>&1 | tee "$OUT/kda_kernels.log" ;;
     kda_autotune) # shellcheck disable=SC2086
                  timeout $((${KDA_TUNE_BUDGET:-200} + 40)) python3 -m benchmarks.autotune \
                  --shape ${KDA_TUNE_SHAPES:-kda_300m kda_1b kda_anchor} --budget-s "${KDA_TUNE_BUDGET:-200}" \
