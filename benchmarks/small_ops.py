@@ -1,7 +1,7 @@
 """Are the small ops (norms, SwiGLU, short conv, chunked cross-entropy) already at the roofline under XLA?
 
-    python benchmarks/small_ops.py [--config configs/zebra_300m_gdn.py] [--batch 8] [--repeats 20] [--out PATH]
-    python benchmarks/small_ops.py --smoke      # the demo config (bf16) at batch 1 x 64 on CPU: checks the script only
+    python -m benchmarks.small_ops [--config configs/zebra_300m_gdn.py] [--batch 8] [--repeats 20] [--out PATH]
+    python -m benchmarks.small_ops --smoke      # the demo config (bf16) at batch 1 x 64 on CPU: checks the script only
 
 Times the project's own modules, jitted, at one training micro-batch (``batch x seq_len`` tokens of the config;
 8 x 2048 at the 300M recipe) in the config's compute dtype (bf16): the forward, and the forward+backward
@@ -41,8 +41,6 @@ import functools
 import json
 import math
 import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,6 +50,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from benchmarks.timing import back_to_back_ms
 from hybrid_jax.config import load_config_file
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.layers import MLP, RMSNorm
@@ -65,7 +64,6 @@ SAMPLE_S = 1e-3  # a timed sample lasts at least this long at the roofline (laun
 MAX_INNER = 100  # ... in at most this many back-to-back calls
 ROTATE_BYTES = 256e6  # consecutive calls rotate through input copies of this many bytes in all (> 50 MB L2) ...
 MAX_COPIES = 8  # ... at most this many copies
-ISSUE_CALLS = 8  # the host's issue time per call is taken over the first calls of a sample
 HOST_BOUND = 0.8  # issuing a call takes this fraction of its time: the host, not the GPU, sets the pace
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -172,25 +170,6 @@ def nbytes(*trees) -> int:
     return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(trees))
 
 
-def per_call_ms(fn: Callable, arg_sets: list[tuple], repeats: int, inner: int) -> tuple[float, float]:
-    """Median over ``repeats`` samples of the time per call (ms) of ``inner`` back-to-back calls of ``fn`` that
-    cycle through ``arg_sets``, after 2 warm-up calls; and the median host time to issue one call (ms), from the
-    first ``ISSUE_CALLS`` calls of a sample (later ones may wait for the runtime's queue of calls in flight)."""
-    for i in range(2):
-        jax.block_until_ready(fn(*arg_sets[i % len(arg_sets)]))
-    n_issue = min(inner, ISSUE_CALLS)
-    total, issue = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for i in range(inner):
-            out = fn(*arg_sets[i % len(arg_sets)])
-            if i == n_issue - 1:
-                issue.append((time.perf_counter() - t0) / n_issue)
-        jax.block_until_ready(out)
-        total.append((time.perf_counter() - t0) / inner)
-    return 1e3 * statistics.median(total), 1e3 * statistics.median(issue)
-
-
 def measure(op: Op, repeats: int) -> dict:
     """Times, minimum bytes and achieved fractions of the HBM and matmul peaks of one op."""
     fwd, fwd_bwd = functions(op)
@@ -208,8 +187,8 @@ def measure(op: Op, repeats: int) -> dict:
     inner = min(MAX_INNER, math.ceil(SAMPLE_S / roofline_s))
     sets = [leaves] + [[jnp.copy(x) for x in leaves] for _ in range(copies - 1)]
     res.update(copies=copies, calls_per_sample=inner)
-    res["fwd_ms"], res["fwd_issue_ms"] = per_call_ms(fwd, sets, repeats, inner)
-    res["fwdbwd_ms"], res["fwdbwd_issue_ms"] = per_call_ms(fwd_bwd, [(dy, *a) for a in sets], repeats, inner)
+    res["fwd_ms"], res["fwd_issue_ms"] = back_to_back_ms(fwd, sets, repeats, inner)
+    res["fwdbwd_ms"], res["fwdbwd_issue_ms"] = back_to_back_ms(fwd_bwd, [(dy, *a) for a in sets], repeats, inner)
     res["host_bound"] = any(res[f"{p}_issue_ms"] > HOST_BOUND * res[f"{p}_ms"] for p in ("fwd", "fwdbwd"))
     for p, flops in (("fwd", op.flops), ("fwdbwd", 3 * op.flops)):
         sec = res[f"{p}_ms"] * 1e-3

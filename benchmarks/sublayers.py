@@ -1,8 +1,8 @@
 """Time per sublayer kind against its FLOP share: does any sublayer take more time than its FLOPs justify?
 
-    python3 benchmarks/sublayers.py --config configs/zebra_300m_gdn_hybrid.py,configs/zebra_300m_mamba2_hybrid.py \
+    python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py,configs/zebra_300m_mamba2_hybrid.py \
         --config configs/zebra_300m_kda.py [--batch 8] [--seq-len 0] [--repeats 10] [--out sublayers.json]
-    python3 benchmarks/sublayers.py --smoke      # configs/demo.py, batch 2 x 64 tokens, on CPU
+    python3 -m benchmarks.sublayers --smoke      # configs/demo.py, batch 2 x 64 tokens, on CPU
 
 For each config (a comma list or a repeated ``--config``; default: the three 300M configs above), builds ONE
 ``hybrid_jax.model.Sublayer`` of each distinct kind of the layer plan (``sublayer_kinds``) in the config's compute
