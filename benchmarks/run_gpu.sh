@@ -14,8 +14,9 @@
 #   kda kda_autotune         our KDA kernels (the table's chunk, chunks 32/64, fused or split gradient pass) beside our
 #                            GDN (env KDA_SHAPES, KDA_VARIANTS: set and empty for none); a launch sweep at KDA
 #                            shapes (env KDA_TUNE_SHAPES, KDA_TUNE_BUDGET seconds, KDA_START, e.g. chunk=64: from
-#                            that entry); KDA_TIMEOUT: kda's limit in seconds (default 300); KDA_TRACE=DIR: also
-#                            trace each shape's forward+backward there and print where the device time goes
+#                            that entry, KDA_TUNE_FIELDS: only these fields, in this order); KDA_TIMEOUT: kda's limit
+#                            in seconds (default 300); KDA_TRACE=DIR: also trace each shape's forward+backward there
+#                            and print where the device time goes
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)
@@ -88,7 +89,7 @@ run_part() {
     kda_autotune) # shellcheck disable=SC2086
                  timeout $((${KDA_TUNE_BUDGET:-200} + 40)) python3 -m benchmarks.autotune \
                  --shape ${KDA_TUNE_SHAPES:-kda_300m kda_1b kda_anchor} --budget-s "${KDA_TUNE_BUDGET:-200}" \
-                 --repeats 5 --start "${KDA_START:-}" 2>&1 | tee "$OUT/kda_autotune.log" ;;
+                 --repeats 5 --start "${KDA_START:-}" ${KDA_TUNE_FIELDS:+--fields $KDA_TUNE_FIELDS} 2>&1 | tee "$OUT/kda_autotune.log" ;;
     attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
     sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;
     anchors)   timeout 240 python3 .anchors/fla_kernels.py 2>&1 | tee "$OUT/fla_kernels.log"

@@ -886,10 +886,11 @@ def _gate_bytes(gam) -> int:
     return 4 * (gam.shape[3] if gam.ndim == 4 else 1)
 
 
-def _dims(st: Static, q, v, gam):
+def _dims(st: Static, q, v, gam, block_v: int | None = None):
+    """Shapes, chunk count, V tile (``block_v``, default the config's, clipped to V) and BlockSpecs."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    BV = min(st.cfg.block_v, V)
+    BV = min(block_v or st.cfg.block_v, V)
     return B, T, HV, K, V, T // st.chunk, BV, _Specs(T, st.chunk, HV // H, BV, K if gam.ndim == 4 else None)
 
 
@@ -971,9 +972,10 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     state) ``[B,HV,K,V]`` float32 and, if :func:`hdh_in_state_bwd`, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh``
     per chunk, from the float32 ``dh``), else None. ``w`` is None without the delta rule; ``p`` (from
     :func:`output`) is given with a per-key gate, else None; ``h``: the state snapshots (:func:`state_fwd`)."""
-    B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam)
+    delta = w is not None
+    B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam, st.cfg.block_v_bwd if delta else None)
     sds = jax.ShapeDtypeStruct
-    delta, hdh = w is not None, hdh_in_state_bwd(st.cfg, K, V)
+    hdh = hdh_in_state_bwd(st.cfg, K, V)
     kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta, hdh=hdh)
     ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht] + ([h] if hdh else [])
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (

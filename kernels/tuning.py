@@ -26,8 +26,11 @@ class RecurrentConfig:
 
     ``chunk``: the chunk length used when the caller passes ``chunk_size=None`` (a power of two >= 16).
     ``block_v`` tiles the value dim of the sequential state kernels (one program per (batch, head, V-tile)
-    carries a ``[K, block_v]`` float32 state); it is clipped to V. ``inverse_bf16x3``: the float32 matmuls of
-    the triangular inverse as three bf16 tensor-core matmuls each (else IEEE float32 dots).
+    carries a ``[K, block_v]`` float32 state); it is clipped to V. ``block_v_bwd``: with the delta rule, the
+    reverse state pass's V tile instead (``None``: ``block_v``); on the H200 32 against 64 takes GDN's reverse pass
+    from 0.475 to 0.347 ms at its anchor, but Mamba2's (no delta rule) from 0.138 to 0.206 at its 300M shape.
+    ``inverse_bf16x3``: the float32 matmuls of the triangular inverse as three bf16 tensor-core matmuls each (else
+    IEEE float32 dots).
     ``split_grad_from``: with the delta rule and ``K * V`` (padded head dims) at least this, the gradient pass is
     two launches (``grad``: through the output and state update; ``grad_wy``: through the WY transform, adding the
     first's dk and d(gamma) to its own) instead of one fused kernel (``None``: always fused).
@@ -73,6 +76,7 @@ class RecurrentConfig:
     one_reference_span: int = 32
     levels_chunks: int = 8
     state_bwd_hdh_from: int | None = None
+    block_v_bwd: int | None = None
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:
@@ -90,8 +94,13 @@ RECURRENT: dict[str, RecurrentConfig] = {
     # Gradient pass split at K = V = 128 (H200, B8 T2048 H16: fwd+bwd 3.46 -> 2.64 ms, the fused kernel spills);
     # at K = V = 64 the two forms are within 6% either way (300M shape fused 0.79 vs split 0.84 ms; 1B 1.37 vs 1.31).
     # The ROCm entries take the same rule, unmeasured.
+    # sm90 block_v_bwd=32 (H200, fwd+bwd ms, the table without -> with, one process each): GDN anchor 2.279 -> 2.158
+    # and 2.253 -> 2.206 (the latter with block_v=32 for both state passes), 300M shape 0.655 -> 0.640, 1B shape
+    # 1.142 -> 1.123. Mamba2 (no delta rule) keeps block_v: 0.986 -> 1.042 at its 300M shape, 1.549 -> 1.613 at
+    # the SSD anchor.
     "sm90": RecurrentConfig(
         block_v=64,
+        block_v_bwd=32,
         shared_memory=227 * 1024,
         wy=Launch(4, 2),
         state=Launch(4, 2),
@@ -143,6 +152,10 @@ RECURRENT: dict[str, RecurrentConfig] = {
 # wy 8 warps/2 stages -> 4/1: 1.85 -> 1.07; state 4/2 -> 4/3: 1.31 -> 1.04; output 8/2 -> 2/3: 1.83 -> 1.15;
 # state_bwd 4/2 -> 4/3: 1.81 -> 1.67; grad and block_v unchanged. The ROCm entries are the GDN launches at chunk 16
 # with the split gradient pass and 8-warp `grad`, untimed.
+# Round 13 (back-to-back timing, one process, table -> variant, fwd+bwd ms, anchor / 300M / 1B shape):
+# wy 4 -> 2 warps 3.518 -> 3.513, 0.628 -> 0.617, 1.002 -> 0.992 (forward 1.034 -> 1.023, 0.203 -> 0.194,
+# 0.314 -> 0.290); GDN's block_v_bwd=32 3.518 -> 3.911, 0.628 -> 0.612, 1.002 -> 1.041 (KDA keeps block_v);
+# chunk 32 at the anchor 3.562 -> 5.534. A sweep of every launch at the anchor found nothing else faster by over 2%.
 # ``state_bwd_hdh_from`` at K * V >= 128 * 128 only. Two H200s of one host, each timing the build without it and
 # with it everywhere (fwd+bwd ms, without -> with): KDA anchor 4.080 -> 3.952 and 4.328 -> 3.991 (``grad`` 2.09 ->
 # 1.73, ``state_bwd`` 0.71 -> 0.85-0.97); 1B shape 1.286 -> 1.471, 1.385 -> 1.398; 300M shape 0.851 -> 1.028,
@@ -151,7 +164,8 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
     "sm90": dataclasses.replace(
         RECURRENT["sm90"],
         chunk=16,
-        wy=Launch(4, 1),
+        block_v_bwd=None,
+        wy=Launch(2, 1),
         state=Launch(4, 3),
         output=Launch(2, 3),
         state_bwd=Launch(4, 3),

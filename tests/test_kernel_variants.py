@@ -18,3 +18,16 @@ def test_apply_variant_rejects_unknown_fields():
         apply_variant(RecurrentConfig(), "grad.warps=4")
     with pytest.raises(TypeError):
         apply_variant(RecurrentConfig(), "chunks=32")
+
+
+def test_autotune_sweeps_the_fields_asked_for_in_that_order():
+    from benchmarks.autotune import FIELDS, sweep
+    from benchmarks.shapes import SHAPES
+
+    kda = [s for s in SHAPES if s.name == "kda_anchor"]
+    split = RecurrentConfig(split_grad_from=0)
+    assert [f[0] for f in sweep(split, kda)] == list(FIELDS)
+    assert "grad_wy" not in [f[0] for f in sweep(RecurrentConfig(), kda)]  # fused gradient pass: no second launch
+    assert [f[0] for f in sweep(split, kda, ["grad_wy", "block_v_bwd", "state"])] == ["grad_wy", "block_v_bwd", "state"]
+    field, values, stages = sweep(split, kda, ["block_v_bwd"])[0]
+    assert None in values and stages == ("state_bwd",)

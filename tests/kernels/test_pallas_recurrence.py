@@ -132,6 +132,17 @@ def test_hdh_from_the_reverse_state_pass(kind, split_grad_from, block_k):
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_reverse_state_pass_with_its_own_value_tile(kind):
+    """``block_v_bwd``: the reverse state pass in four V tiles of 16 while the forward's state pass has one of 64
+    (``hdh`` summed over the four): the same values and gradients."""
+    per_key = kind == "kda"
+    inputs, weights = make_inputs(17, T=37, K=32, V=64, delta=True, per_key=per_key)
+    config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_v=64, block_v_bwd=16,
+                                 state_bwd_hdh_from=0)
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
+
+
 @pytest.mark.parametrize("split_grad_from", [None, 0], ids=["fused", "split"])
 @pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
 def test_gradient_pass_tiled_over_keys(kind, split_grad_from):
