@@ -1115,14 +1115,25 @@ def chunk_local_cumsum(g: jax.Array, C: int) -> jax.Array:
     multiple of C). A per-key gate's as a masked sum over a broadcast ``[B, N, C, C, HV, K]``, one fusion each way
     (its VJP is the same sum, transposed): ``jnp.cumsum`` lowers to a reduce-window that took 0.17 ms each way on an
     H200 at B8 T2048 HV16 K128 (8% of KDA's forward+backward), this form 0.08 ms. A scalar gate's, 1/K the size,
-    stays ``jnp.cumsum`` (at GDN's chunk 64 the masked sum took 0.02 ms against 0.007)."""
+    stays ``jnp.cumsum`` (at GDN's chunk 64 the masked sum took 0.02 ms against 0.007). A per-key chunk longer than
+    ``SUB`` rows is summed in ``SUB``-row blocks, each block then offset by the totals of the chunk's earlier blocks,
+    so that the broadcast stays ``SUB`` x ``SUB`` per block at any chunk."""
     B, T = g.shape[:2]
-    x = g.reshape(B, T // C, C, *g.shape[2:])
     if g.ndim == 3:
-        return jnp.cumsum(x, axis=2).reshape(g.shape)
-    i = jnp.arange(C)
+        return jnp.cumsum(g.reshape(B, T // C, C, *g.shape[2:]), axis=2).reshape(g.shape)
+    S = min(C, SUB)
+    x = g.reshape(B, T // S, S, *g.shape[2:])
+    i = jnp.arange(S)
     lower = (i[None, :] <= i[:, None])[None, None, :, :, None, None]
-    return jnp.sum(jnp.where(lower, x[:, :, None], 0.0), axis=3).reshape(g.shape)
+    local = jnp.sum(jnp.where(lower, x[:, :, None], 0.0), axis=3)  # [B, T/S, S, HV, K]
+    if S == C:
+        return local.reshape(g.shape)
+    blocks = local.reshape(B, T // C, C // S, S, *g.shape[2:])
+    totals = blocks[:, :, :-1, -1:]  # the sums of every block but the chunk's last
+    # each block's offset: the sum of the chunk's earlier blocks only (an inclusive cumsum minus the block's own
+    # total would round differently when a later gate changes: outputs would depend on later gates)
+    offsets = jnp.concatenate([jnp.zeros_like(totals[:, :, :1]), jnp.cumsum(totals, axis=2)], axis=2)
+    return (blocks + offsets).reshape(g.shape)
 
 
 def _pow2_at_least_16(n: int) -> int:

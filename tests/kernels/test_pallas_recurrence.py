@@ -348,16 +348,21 @@ def test_kda_one_reference_fallback_end_to_end(chunk, fall_row):
     check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [16, 32, 64])
 @pytest.mark.parametrize("per_key", [False, True], ids=["scalar", "per-key"])
-def test_chunk_local_cumsum_and_its_vjp(per_key):
-    """The gate's cumulative sum restarts at every chunk of 16; its VJP is the reverse cumulative sum per chunk."""
-    g = jax.random.normal(jax.random.PRNGKey(20), (2, 48, 3, 8) if per_key else (2, 48, 3))
+def test_chunk_local_cumsum_and_its_vjp(per_key, chunk):
+    """The gate's cumulative sum restarts at every chunk; its VJP is the reverse cumulative sum per chunk (a per-key
+    gate's chunk of 32 or 64 is summed in blocks of 16 and offset by the earlier blocks' totals)."""
+    g = jax.random.normal(jax.random.PRNGKey(20), (2, 192, 3, 8) if per_key else (2, 192, 3))
     ct = jax.random.normal(jax.random.PRNGKey(21), g.shape)
-    out, vjp = jax.vjp(lambda x: chunk_pallas.chunk_local_cumsum(x, 16), g)
-    chunks = np.asarray(g).reshape(2, 3, 16, *g.shape[2:])
+    out, vjp = jax.vjp(lambda x: chunk_pallas.chunk_local_cumsum(x, chunk), g)
+    chunks = np.asarray(g).reshape(2, 192 // chunk, chunk, *g.shape[2:])
     np.testing.assert_allclose(out, np.cumsum(chunks, axis=2).reshape(g.shape), rtol=1e-6, atol=1e-5)
     rev = np.flip(np.cumsum(np.flip(np.asarray(ct).reshape(chunks.shape), 2), axis=2), 2)
     np.testing.assert_allclose(vjp(ct)[0], rev.reshape(g.shape), rtol=1e-6, atol=1e-5)
+    t = chunk + 20  # the second chunk's row 20: its sum reads no later row, to the bit
+    later = jax.jit(lambda x: chunk_pallas.chunk_local_cumsum(x, chunk))(g.at[:, t + 1:].multiply(1e3))
+    np.testing.assert_array_equal(np.asarray(later[:, : t + 1]), np.asarray(out[:, : t + 1]))
 
 
 def test_rejects_bad_chunk_size():
