@@ -235,6 +235,13 @@ def trace_fwd_bwd(fwd_bwd, x: dict, do: jax.Array, directory: Path, calls: int =
     return dict(calls=calls, **summary)
 
 
+def variant_line(shape: str, variant: str, v: dict) -> str:
+    """One variant's result as a log line (``v``: :func:`time_and_check`'s dict with ``stages_ms``, or ``error``)."""
+    return f"{shape} {variant}: " + (f"FAILED {v['error'][:300]}" if "error" in v else (
+        f"fwd {v['fwd_ms']:.3f} ms, fwd+bwd {v['fwdbwd_ms']:.3f} ms, err o {v['err_o']:.1e}, max err "
+        f"{v['max_err']:.1e}; " + "  ".join(f"{n} {ms:.3f}" for n, ms in v["stages_ms"].items())))
+
+
 def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
         variants: tuple[str, ...] = (), trace: str = "") -> dict:
     x = inputs(s)
@@ -264,6 +271,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         except Exception as e:  # noqa: BLE001
             v_res = {"error": f"{type(e).__name__}: {e}"[:2000]}
         res.setdefault("variants", {})[variant] = v_res
+        # printed as soon as timed: a later variant that never finishes (a part's time limit) loses only itself
+        print(variant_line(s.name, variant, v_res), flush=True)
     res["stages_ms"] = stage_times(s, cfg, repeats, interpret)
     if trace:
         res["trace"] = trace_fwd_bwd(make_fns(s, "pallas", cfg, interpret)[1], x, do, Path(trace) / s.name)
@@ -339,11 +348,6 @@ def main() -> None:
         )
         if "stages_ms" in r:
             print(" " * 13 + "  ".join(f"{n} {ms:.3f}" for n, ms in r["stages_ms"].items()), flush=True)
-        for variant, v in r.get("variants", {}).items():
-            print(f"{'':13}{variant}: " + (f"FAILED {v['error'][:300]}" if "error" in v else
-                  f"fwd {v['fwd_ms']:.3f} ms, fwd+bwd {v['fwdbwd_ms']:.3f} ms, err o {v['err_o']:.1e}, "
-                  f"max err {v['max_err']:.1e}; " + "  ".join(f"{n} {ms:.3f}" for n, ms in v["stages_ms"].items())),
-                  flush=True)
         if "other_grad" in r:
             o = r["other_grad"]
             print(f"{'':13}{'split' if o['split'] else 'fused'} gradient pass: fwd+bwd {o['fwdbwd_ms']:.3f} ms, "

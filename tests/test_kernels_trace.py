@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py --trace: a profiler trace of a forward+backward function, summarized per op."""
+"""benchmarks/kernels.py: --trace (a profiler trace of a forward+backward, per op) and the --variant report."""
 
 import jax
 import jax.numpy as jnp
@@ -19,3 +19,18 @@ def test_trace_fwd_bwd_counts_each_call_of_the_traced_function(tmp_path):
     dots = [op for op in summary["ops"] if "dot" in op["name"] or "dot" in op["scope"]]
     assert dots and all(op["count"] % 3 == 0 for op in dots)  # every call of the step, no more, no fewer
     assert any("projection" in op["scope"] for op in summary["ops"])
+
+
+def test_each_variant_is_printed_when_timed_and_a_failing_one_is_recorded(capsys):
+    """``run`` prints a variant's line as soon as it is timed (a part's time limit then loses only the variant it
+    stops in) and records a failing variant instead of failing the shape."""
+    from benchmarks.kernels import run
+    from benchmarks.shapes import Shape
+
+    s = Shape("tiny_gdn", 1, 128, 1, 1, 16, 16, True)
+    res = run(s, repeats=1, xla_timing=False, interpret=True, variants=("chunk=24", "block_v_bwd=16"))
+    assert "power of two" in res["variants"]["chunk=24"]["error"]
+    assert res["variants"]["block_v_bwd=16"]["ok"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["tiny_gdn chunk=24", "tiny_gdn block_v_bwd=16"]
+    assert "FAILED ValueError" in lines[0] and "fwd+bwd" in lines[1]
