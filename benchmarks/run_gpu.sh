@@ -89,7 +89,8 @@ run_part() {
     kda_autotune) # shellcheck disable=SC2086
                  timeout $((${KDA_TUNE_BUDGET:-200} + 40)) python3 -m benchmarks.autotune \
                  --shape ${KDA_TUNE_SHAPES:-kda_300m kda_1b kda_anchor} --budget-s "${KDA_TUNE_BUDGET:-200}" \
-                 --repeats 5 --start "${KDA_START:-}" ${KDA_TUNE_FIELDS:+--fields $KDA_TUNE_FIELDS} 2>&1 | tee "$OUT/kda_autotune.log" ;;
+                 --repeats 5 --start "${KDA_START:-}" ${KDA_TUNE_FIELDS:+--fields $KDA_TUNE_FIELDS} 2>&1 \
+                 | tee "$OUT/kda_autotune.log" ;;
     attention) timeout 150 python3 -m benchmarks.attention 2>&1 | tee "$OUT/ours_attention.log" ;;
     sdpa)      timeout 90 python3 -m benchmarks.fla_reference --attention-only 2>&1 | tee "$OUT/sdpa.log" ;;
     anchors)   timeout 240 python3 .anchors/fla_kernels.py 2>&1 | tee "$OUT/fla_kernels.log"

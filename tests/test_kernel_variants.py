@@ -29,5 +29,5 @@ def test_autotune_sweeps_the_fields_asked_for_in_that_order():
     assert [f[0] for f in sweep(split, kda)] == list(FIELDS)
     assert "grad_wy" not in [f[0] for f in sweep(RecurrentConfig(), kda)]  # fused gradient pass: no second launch
     assert [f[0] for f in sweep(split, kda, ["grad_wy", "block_v_bwd", "state"])] == ["grad_wy", "block_v_bwd", "state"]
-    field, values, stages = sweep(split, kda, ["block_v_bwd"])[0]
+    _, values, stages = sweep(split, kda, ["block_v_bwd"])[0]
     assert None in values and stages == ("state_bwd",)
