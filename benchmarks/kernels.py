@@ -164,14 +164,15 @@ def rel_rms(x, ref) -> float:
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
-def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
-    """Matmul FLOPs and HBM bytes of our kernels, kernel by kernel (bf16 tensors 2 bytes, float32 4).
+def work(s: Shape, C: int = 64, block_v: int = 64, block_v_bwd: int | None = None) -> dict[str, float]:
+    """Matmul FLOPs and HBM bytes of our kernels, kernel by kernel (bf16 tensors 2 bytes, float32 4); ``block_v``:
+    the forward state pass's V tile, ``block_v_bwd`` the reverse one's (default the same).
 
     Per chunk and value head; q/k reads are counted per value head (grouped heads may hit in L2). KDA is counted
     as GDN (its extra sub-chunk matmuls, exact diagonal blocks and [C, K] gate reads are not included).
     """
     K, V, d = s.K, s.V, s.delta
-    NV = max(1, V // block_v)
+    NV, NV_bwd = max(1, V // block_v), max(1, V // (block_v_bwd or block_v))
     cc, ckv = 2 * C * C, 2 * C * K * V  # a [C,C] product per unit of contraction; a chunk x state product
     inv = 2 * 2 * C**3 * (np.log2(C) - 1)  # block-doubling inverse, float32
     flops_f = (cc * (2 * K + V) + inv if d else 0) + ckv * (2 if d else 1) + cc * (K + V) + ckv
@@ -181,7 +182,7 @@ def work(s: Shape, C: int = 64, block_v: int = 64) -> dict[str, float]:
     bytes_f = (2 * K + 2 * V + 6 + 2 * V + 2 * K + 4 * C) * C if d else 0  # wy
     bytes_f += NV * (2 * K + 4 + (2 * K if d else 0)) * C + (2 * V + (2 * V if d else 0)) * C + snap  # state
     bytes_f += (4 * K + 2 * V + 4 + 2 * V) * C + snap  # output
-    bytes_b = (NV * (4 * K + 4 + (2 * K if d else 0)) + 2 * V + 4 * V) * C + snap  # reverse state pass
+    bytes_b = (NV_bwd * (4 * K + 4 + (2 * K if d else 0)) + 2 * V + 4 * V) * C + snap  # reverse state pass
     bytes_b += (4 * K + 4 + 4 * V + 8 * K + 4) * C + 2 * snap  # gradient pass
     bytes_b += (2 * V + 2 + 2 * V + 4 * C + 4 * V + 4 * V + 4) * C if d else 0  # v, beta, v_new, T, dvn, dv, dbeta
     n = s.B * (s.T // C) * s.HV  # chunk-heads
@@ -280,7 +281,7 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
         res["xla_fwdbwd_ms"] = median_ms(xla_fwd_bwd, x, do, repeats=repeats)
-    w = work(s, cfg.chunk, min(cfg.block_v, s.V))
+    w = work(s, cfg.chunk, min(cfg.block_v, s.V), min(chunk_pallas.state_bwd_block_v(cfg, s.delta), s.V))
     for p in ("fwd", "fwdbwd"):
         sec = res[f"{p}_ms"] * 1e-3
         res[f"{p}_mfu"] = w[f"{p}_flops"] / sec / PEAK_FLOPS

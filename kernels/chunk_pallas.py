@@ -967,13 +967,19 @@ def hdh_in_state_bwd(cfg: RecurrentConfig, K: int, V: int) -> bool:
     return _head_dims_from(cfg.state_bwd_hdh_from, K, V)
 
 
+def state_bwd_block_v(cfg: RecurrentConfig, delta: bool) -> int:
+    """The reverse state pass's V tile before clipping to V: ``cfg.block_v_bwd`` with the delta rule, if set, else
+    ``cfg.block_v``."""
+    return (cfg.block_v_bwd if delta else None) or cfg.block_v
+
+
 def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
     state) ``[B,HV,K,V]`` float32 and, if :func:`hdh_in_state_bwd`, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh``
     per chunk, from the float32 ``dh``), else None. ``w`` is None without the delta rule; ``p`` (from
     :func:`output`) is given with a per-key gate, else None; ``h``: the state snapshots (:func:`state_fwd`)."""
     delta = w is not None
-    B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam, st.cfg.block_v_bwd if delta else None)
+    B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam, state_bwd_block_v(st.cfg, delta))
     sds = jax.ShapeDtypeStruct
     hdh = hdh_in_state_bwd(st.cfg, K, V)
     kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta, hdh=hdh)
