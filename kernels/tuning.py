@@ -156,8 +156,8 @@ RECURRENT: dict[str, RecurrentConfig] = {
 # wy 4 -> 2 warps 3.518 -> 3.513, 0.628 -> 0.617, 1.002 -> 0.992 (forward 1.034 -> 1.023, 0.203 -> 0.194,
 # 0.314 -> 0.290); GDN's block_v_bwd=32 3.518 -> 3.911, 0.628 -> 0.612, 1.002 -> 1.041 (KDA keeps block_v);
 # chunk 32 at the anchor 3.562 -> 5.534. A sweep of every launch at the anchor found nothing else faster by over 2%.
-# Round 14: chunk 32 with launches that do not spill (offline: wy 4 warps, output 4, state_bwd and grad_wy 8)
-# 3.469 -> 4.508 at the anchor, 0.606 -> 1.034 and 0.976 -> 1.801 at the 300M / 1B shapes.
+# Round 14: chunk 32 with launches that spill only in output (offline: wy 4 warps, output 4, state_bwd and grad_wy
+# 8) 3.469 -> 4.508 at the anchor, 0.606 -> 1.034 and 0.976 -> 1.801 at the 300M / 1B shapes.
 # ``state_bwd_hdh_from`` at K * V >= 128 * 128 only. Two H200s of one host, each timing the build without it and
 # with it everywhere (fwd+bwd ms, without -> with): KDA anchor 4.080 -> 3.952 and 4.328 -> 3.991 (``grad`` 2.09 ->
 # 1.73, ``state_bwd`` 0.71 -> 0.85-0.97); 1B shape 1.286 -> 1.471, 1.385 -> 1.398; 300M shape 0.851 -> 1.028,
