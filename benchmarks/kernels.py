@@ -109,7 +109,8 @@ STAGES = {
 
 def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
     """Arguments of each kernel stage (``chunk_pallas.STAGE(static, *args)``) at shape ``s``, from real data, at
-    ``config.chunk``."""
+    ``config.chunk``. With ``config.output_in_state`` (delta rule) ``wy`` also takes ``q``, ``state`` also ``q``
+    and ``P``, and there is no ``output`` stage."""
     chunk = config.chunk
     x = inputs(s)
     st = chunk_pallas.Static(s.K**-0.5, chunk, config, interpret)
@@ -119,14 +120,17 @@ def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
     h0 = jnp.zeros((s.B, s.HV, s.K, s.V), jnp.float32)
     do = jax.random.normal(jax.random.PRNGKey(1), v.shape, v.dtype)
     args = {}
-    u, w, t = (v, None, None)
+    u, w, t, p = (v, None, None, None)
+    output_in_state = s.delta and config.output_in_state
     if s.delta:
-        args["wy"] = (k, v, gam, beta)
-        u, w, t = chunk_pallas.wy(st, *args["wy"])
-    args["state"] = (k, gam, w, u, h0)
-    h, vn, _ = chunk_pallas.state_fwd(st, *args["state"])
-    args["output"] = (q, k, vn, gam, h)
-    _, p = chunk_pallas.output(st, *args["output"])
+        args["wy"] = (k, v, gam, beta) + ((q,) if output_in_state else ())
+        u, w, t, *p_wy = chunk_pallas.wy(st, *args["wy"])
+        p = p_wy[0] if output_in_state else None
+    args["state"] = (k, gam, w, u, h0) + ((q, p) if output_in_state else ())
+    h, vn, *_ = chunk_pallas.state_fwd(st, *args["state"])
+    if not output_in_state:
+        args["output"] = (q, k, vn, gam, h)
+        _, p = chunk_pallas.output(st, *args["output"])
     args["state_bwd"] = (q, k, gam, w, p, do, h0, h)
     dh, dvn, _, hdh = chunk_pallas.state_bwd(st, *args["state_bwd"])
     args["grad"] = (q, k, v, beta, gam, t, h, dh, hdh, vn, dvn if s.delta else None, do)

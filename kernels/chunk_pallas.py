@@ -14,7 +14,7 @@ Kernels (``grid`` in brackets; ``N`` chunks, ``NV`` value tiles):
 
 forward   ``wy``        [B, HV, N]   A, T by a block-doubling inverse in float32, u, w   (delta rule only)
           ``state``     [B, HV, NV]  sequential over chunks, float32 state in registers: h snapshots, v_new
-          ``output``    [B, HV, N]   o
+          ``output``    [B, HV, N]   o  (``RecurrentConfig.output_in_state``: in ``state`` instead, ``P`` from ``wy``)
 backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_new), d(initial state)
           ``grad``      [B, HV, N]   dq, dk, dv, dbeta, d(gamma) (WY backward included; at large K V optionally
                                      split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``; with
@@ -360,8 +360,12 @@ def _lower_matmul_t(m: list, x: list) -> list[jax.Array]:
 # ----------------------------------------------------------------------------------------------------- kernels
 
 
-def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: bool, f32_decay: bool, span: float):
-    """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``."""
+def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, *refs, split: bool, f32_decay: bool, span: float,
+               scale: float | None = None):
+    """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)``; with ``scale`` (refs
+    ``q_ref`` first, ``p_ref`` last: ``RecurrentConfig.output_in_state``) also the output's
+    ``P = incl_lower(scale Q K^T decay)``, from the same gate factors as ``A``."""
+    q_ref, u_ref, w_ref, t_ref, p_ref = refs if scale is not None else (None, *refs, None)
     per_key = len(gam_ref.shape) == 2
     # Inputs are loaded where they are first used and the operations keep the order of the single-tile kernels, so at
     # chunk 16 (one block) the Triton IR is op for op the one whose launches were tuned.
@@ -378,11 +382,24 @@ def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, u_ref, w_ref, t_ref, *, split: b
                                             for x, bx in zip(v, b, strict=True)]))
     _store_blocks(w_ref, _lower_matmul(tc, [(x.astype(F32) * bx[:, None] * _col(jnp.exp(g))).astype(cd)
                                             for x, bx, g in zip(k, b, gam, strict=True)]))
+    if p_ref is not None:
+        _store_lower(p_ref, _output_gram(_blocks(q_ref, per_key), k, gam, scale, f32_decay, span))
 
 
-def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
-    """Sequential over chunks for one (batch, head, V-tile): h snapshots, v_new, final state."""
-    if delta:
+def _output_gram(q: list, k: list, gam: list, scale: float, f32_decay: bool, span: float) -> list[list[jax.Array]]:
+    """The output's ``P = incl_lower(scale Q K^T decay)`` over row blocks, in the input dtype."""
+    return [[(x * scale).astype(q[0].dtype) for x in row]
+            for row in _block_gram(q, k, gam, strict=False, f32_operands=f32_decay, span=span)]
+
+
+def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool, scale: float | None = None):
+    """Sequential over chunks for one (batch, head, V-tile): h snapshots, v_new, final state; with ``scale`` (delta
+    rule, ``RecurrentConfig.output_in_state``; inputs ``q``, ``P`` after ``h0``, output ``o`` after ``v_new``) also
+    this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the
+    snapshot is)."""
+    if scale is not None:
+        k_ref, gam_ref, w_ref, u_ref, h0_ref, q_ref, p_ref, h_ref, vn_ref, o_ref, ht_ref = refs
+    elif delta:
         k_ref, gam_ref, w_ref, u_ref, h0_ref, h_ref, vn_ref, ht_ref = refs
     else:
         k_ref, gam_ref, u_ref, h0_ref, h_ref, ht_ref = refs
@@ -398,6 +415,9 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool):
         if delta:
             vn = vn - _dot(w_ref[rows, :], s.astype(cd))
             vn_ref[rows, :] = vn.astype(vn_ref.dtype)
+        if scale is not None:
+            qd = (q_ref[rows, :].astype(F32) * scale * _col(jnp.exp(gam))).astype(cd)
+            o_ref[rows, :] = (_dot(qd, s.astype(cd)) + _dot(p_ref[rows, :], vn.astype(cd))).astype(o_ref.dtype)
         k_end = (k.astype(F32) * _col(jnp.exp(gl - gam))).astype(cd)
         return _state_decay(gl) * s + _dot(k_end.T, vn.astype(cd))
 
@@ -411,8 +431,7 @@ def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: f
     per_key = len(gam_ref.shape) == 2
     q, gam, k = (_blocks(r, per_key) for r in (q_ref, gam_ref, k_ref))  # order of use and operations: _wy_kernel
     cd = q[0].dtype
-    p = [[(x * scale).astype(cd) for x in row]
-         for row in _block_gram(q, k, gam, strict=False, f32_operands=f32_decay, span=span)]
+    p = _output_gram(q, k, gam, scale, f32_decay, span)
     if p_ref:
         _store_lower(p_ref[0], p)
     qd = [(x.astype(F32) * scale * _col(jnp.exp(g))).astype(cd) for x, g in zip(q, gam, strict=True)]
@@ -420,7 +439,7 @@ def _output_kernel(q_ref, k_ref, vn_ref, gam_ref, h_ref, o_ref, *p_ref, scale: f
     _store_blocks(o_ref, [x + y for x, y in zip(qh, _lower_matmul(p, _blocks(vn_ref, per_key)), strict=True)])
 
 
-def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool, hdh: bool):
+def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: bool, hdh: bool, has_p: bool):
     """Reverse sequential pass for one (batch, head, V-tile).
 
     Per chunk (last to first), with ``ds`` the gradient of the state at the chunk's end::
@@ -428,11 +447,12 @@ def _state_bwd_kernel(*refs, chunk: int, n_chunks: int, scale: float, delta: boo
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
     ``hdh``: also ``sum_v h ds`` (this V tile's part), with ``h`` the state at the chunk's start (the forward's
-    snapshot): the gradient pass's ``d(gamma_last)`` term of the state decay.
+    snapshot): the gradient pass's ``d(gamma_last)`` term of the state decay. ``has_p``: ``P`` is an input (stored by
+    the forward), else it is recomputed per chunk (scalar gate only).
     """
     q_ref, k_ref, gam_ref, *refs = refs
     w_ref = refs.pop(0) if delta else None
-    p_ref = refs.pop(0) if len(gam_ref.shape) == 2 else None  # per-key gate: P stored by the output kernel
+    p_ref = refs.pop(0) if has_p else None
     do_ref, dht_ref, *refs = refs
     h_ref = refs.pop(0) if hdh else None
     dh_ref, dvn_ref, dh0_ref = refs[:3]
@@ -897,32 +917,50 @@ def _dims(st: Static, q, v, gam, block_v: int | None = None):
 # Stages: one pallas_call each, on padded arrays (benchmarks/autotune.py times them one by one).
 
 
-def wy(st: Static, k, v, gam, beta, redo_far: bool = True):
-    """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]``, ``T [B,T,HV,C]`` (row t of its chunk), in the input dtype
-    (T is computed in float32). ``redo_far``: see :func:`_diagonal_launches`."""
+def wy(st: Static, k, v, gam, beta, q=None, redo_far: bool = True):
+    """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]``, ``T [B,T,HV,C]`` (row t of its chunk) and, with ``q``
+    (``RecurrentConfig.output_in_state``), the output's ``P [B,T,HV,C]``, in the input dtype (T is computed in
+    float32). ``redo_far``: see :func:`_diagonal_launches`."""
     B, T, HV, K, V, N, _, s = _dims(st, k, v, gam)
     sds = jax.ShapeDtypeStruct
-    return _diagonal_launches(
-        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32), "wy_fwd",
+    with_p = q is not None
+    chunk_rows = sds((B, T, HV, st.chunk), k.dtype)
+    return tuple(_diagonal_launches(
+        functools.partial(_wy_kernel, split=st.cfg.inverse_bf16x3, f32_decay=st.cfg.decay_operands_f32,
+                          scale=st.scale if with_p else None), "wy_fwd",
         st.cfg.wy, st, (B, HV, N),
-        [s.qk(K), s.tok(V), s.gate(), s.vec()],
-        [s.tok(V), s.tok(K), s.tok(st.chunk)],
-        [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), sds((B, T, HV, st.chunk), k.dtype)],
+        [s.qk(K), s.tok(V), s.gate(), s.vec()] + ([s.qk(K)] if with_p else []),
+        [s.tok(V), s.tok(K), s.tok(st.chunk)] + ([s.tok(st.chunk)] if with_p else []),
+        [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), chunk_rows] + ([chunk_rows] if with_p else []),
         gam_index=2, causal=True, redo_far=redo_far,
-    )(k, v, gam, beta)
+    )(k, v, gam, beta, *([q] if with_p else [])))
 
 
-def state_fwd(st: Static, k, gam, w, u, h0):
+def state_fwd(st: Static, k, gam, w, u, h0, q=None, p=None):
     """-> ``h [B,N,HV,K,V]`` (state at each chunk start), ``v_new [B,T,HV,V]`` (delta rule only: ``w`` given,
-    else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32."""
+    else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32 and, with ``q`` and ``P`` (from
+    :func:`wy`; ``RecurrentConfig.output_in_state``), the output ``o [B,T,HV,V]`` (input dtype)."""
     B, T, HV, K, V, N, BV, s = _dims(st, k, u, gam)
     sds = jax.ShapeDtypeStruct
     delta = w is not None
-    kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta)
+    with_o = q is not None
+    kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta,
+                               scale=st.scale if with_o else None)
     snaps, final = sds((B, N, HV, K, V), k.dtype), sds((B, HV, K, V), F32)
-    # one chunk's loads (k, gate, w, u tile): a pipeline stage's shared memory
-    stage = st.chunk * (K * k.dtype.itemsize * (2 if delta else 1) + _gate_bytes(gam) + BV * u.dtype.itemsize)
+    # one chunk's loads (k, gate, w, u tile; q, P): a pipeline stage's shared memory
+    isz = k.dtype.itemsize
+    stage = st.chunk * (K * isz * (2 if delta else 1) + _gate_bytes(gam) + BV * u.dtype.itemsize
+                        + ((K + st.chunk) * isz if with_o else 0))
     launch = fit_stages(st.cfg.state, stage, st.cfg.shared_memory)
+    if with_o:
+        h, vn, o, ht = _call(
+            kernel, "state_fwd", launch, st, (B, HV, V // BV),
+            [s.qk_seq(K), s.gate_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K), s.qk_seq(K),
+             s.tok_seq(st.chunk)],
+            [s.snaps_seq(N, K), s.vtile_seq(), s.vtile_seq(), s.state_seq(K)],
+            [snaps, sds((B, T, HV, V), k.dtype), sds((B, T, HV, V), k.dtype), final],
+        )(k, gam, w, u, h0, q, p)
+        return h, vn, ht, o
     if delta:
         return _call(
             kernel, "state_fwd", launch, st, (B, HV, V // BV),
@@ -977,12 +1015,14 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
     state) ``[B,HV,K,V]`` float32 and, if :func:`hdh_in_state_bwd`, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh``
     per chunk, from the float32 ``dh``), else None. ``w`` is None without the delta rule; ``p`` (from
-    :func:`output`) is given with a per-key gate, else None; ``h``: the state snapshots (:func:`state_fwd`)."""
+    :func:`output`, or from :func:`wy` with ``RecurrentConfig.output_in_state``) is given with a per-key gate and may
+    be with a scalar one, else None (then recomputed); ``h``: the state snapshots (:func:`state_fwd`)."""
     delta = w is not None
     B, T, HV, K, V, N, BV, s = _dims(st, q, do, gam, state_bwd_block_v(st.cfg, delta))
     sds = jax.ShapeDtypeStruct
     hdh = hdh_in_state_bwd(st.cfg, K, V)
-    kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta, hdh=hdh)
+    kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta, hdh=hdh,
+                               has_p=p is not None)
     ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht] + ([h] if hdh else [])
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
         [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K)] + (
@@ -1057,6 +1097,10 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
 
 def _forward(st: Static, q, k, v, gam, beta, h0):
     """Padded inputs -> ``(o, final state, residuals)``."""
+    if beta is not None and st.cfg.output_in_state:
+        u, w, t, p = wy(st, k, v, gam, beta, q)
+        h, vn, ht, o = state_fwd(st, k, gam, w, u, h0, q, p)
+        return o, ht, (q, k, v, gam, beta, w, t, h, vn, p)
     u, w, t = wy(st, k, v, gam, beta) if beta is not None else (v, None, None)
     h, vn, ht = state_fwd(st, k, gam, w, u, h0)
     o, p = output(st, q, k, vn, gam, h)

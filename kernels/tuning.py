@@ -58,6 +58,10 @@ class RecurrentConfig:
     that the gradient kernel does not multiply the two ``[K, V]`` snapshots (``None``: never). Compiled for sm90 at
     the KDA anchor that takes ``grad`` from 178 to 128 registers and adds spills to ``state_bwd``; on the H200 it
     pays at the KDA anchor and costs at K = 32 and at GDN's anchor (see the KDA table).
+    ``output_in_state`` (delta rule): the forward's output computed in the sequential state pass, per V tile, from
+    the carried state (``o = (scale Q exp(gamma)) h + P v_new``), with ``P`` stored by ``wy``, which forms the same
+    gate factors for ``A``: no output launch and no snapshot read for it, two more products per sequential step (off
+    the carried chain). Untimed on a GPU; no table sets it.
     """
 
     chunk: int = 64
@@ -77,6 +81,7 @@ class RecurrentConfig:
     levels_chunks: int = 8
     state_bwd_hdh_from: int | None = None
     block_v_bwd: int | None = None
+    output_in_state: bool = False
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:

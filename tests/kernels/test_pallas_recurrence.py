@@ -191,6 +191,29 @@ def test_api_dispatch():
 # diagonal blocks are exercised.
 
 
+def pallas_call_names(fn, *args) -> str:
+    """The jaxpr of ``fn(*args)`` as text (holds each ``pallas_call``'s kernel name)."""
+    return str(jax.make_jaxpr(fn)(*args))
+
+
+@pytest.mark.parametrize("chunk", [16, 32])
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_output_in_the_state_pass(kind, chunk):
+    """``output_in_state``: ``wy`` also stores ``P`` and the forward state pass, in two V tiles of 16, computes the
+    output, so there is no output launch; the same values and gradients. KDA: the gate falls by 100 at row 20, so
+    that ``wy``'s levels launch redoes ``P``'s far rows too."""
+    per_key = kind == "kda"
+    inputs, weights = make_inputs(21, T=45, K=32, V=32, per_key=per_key)
+    if per_key:
+        inputs["g"] = inputs["g"].at[:, 20].add(-100.0)
+    base = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_v=16)
+    config = dataclasses.replace(base, output_in_state=True)
+    check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    assert "output_fwd" in pallas_call_names(pallas(chunk, base), *args)
+    assert "output_fwd" not in pallas_call_names(pallas(chunk, config), *args)
+
+
 def test_kda_float32_ragged_grouped_with_states():
     inputs, weights = make_inputs(10, B=1, T=45, per_key=True)
     check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
@@ -229,11 +252,14 @@ def test_kda_strongly_negative_gates(chunk):
     check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
 
 
-def test_kda_outputs_do_not_depend_on_later_gates():
-    """o[:, :t+1] is bit-identical when every gate after t changes (within t's sub-chunk, chunk and later)."""
+@pytest.mark.parametrize("output_in_state", [False, True], ids=["output-launch", "output-in-state"])
+def test_kda_outputs_do_not_depend_on_later_gates(output_in_state):
+    """o[:, :t+1] is bit-identical when every gate after t changes (within t's sub-chunk, chunk and later); also with
+    the output computed in the forward state pass."""
     inputs, _ = make_inputs(14, B=1, T=40, per_key=True)
     q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
-    fn = jax.jit(lambda g: pallas(32)(q, k, v, g, beta, initial_state=h0)[0])
+    config = dataclasses.replace(tuning.recurrent_config(per_key=True), output_in_state=output_in_state)
+    fn = jax.jit(lambda g: pallas(32, config)(q, k, v, g, beta, initial_state=h0)[0])
     t = 20  # row 4 of the second sub-chunk of the first chunk
     g_later = jax.random.uniform(jax.random.PRNGKey(15), g.shape, minval=-30.0, maxval=0.0)
     o, o_p = fn(g), fn(g.at[:, t + 1:].set(g_later[:, t + 1:]))
@@ -290,13 +316,13 @@ def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_
     do = weights[0].astype(v.dtype)
     dh, dvn, _, hdh = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1], h)
     assert (hdh is not None) == want_hdh
-    return st, {"wy": (k, v, gam, beta), "output": (q, k, vn, gam, h),
+    return st, {"wy": (k, v, gam, beta), "wy_p": (k, v, gam, beta, q), "output": (q, k, vn, gam, h),
                 "grad": (q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do)}
 
 
 @pytest.mark.parametrize("T, fall_rows, levels_chunks", [(48, (20,), 8), (64, (5, 36), 4), (64, (36,), 2)],
                          ids=["one-chunk-per-program", "four-chunks-per-program", "two-chunks-per-program"])
-@pytest.mark.parametrize("stage", ["wy", "output", "grad", "grad_hdh"])
+@pytest.mark.parametrize("stage", ["wy", "wy_p", "output", "grad", "grad_hdh"])
 def test_kda_one_reference_passes_and_their_fallback(stage, T, fall_rows, levels_chunks):
     """Each KDA kernel with diagonal blocks runs first around one reference row per block, then, in the chunks where
     the gate falls by 100 at a row, with the levels, which rewrite the far rows in place: in the forward that row and
@@ -304,11 +330,12 @@ def test_kda_one_reference_passes_and_their_fallback(stage, T, fall_rows, levels
     rows are the levels' bit for bit (the one-reference form is wrong there), the others the one-reference form's,
     which really differs from the levels' in rounding. The levels launch takes 1 (three chunks), 4 or 2 chunks per
     program (``levels_chunks``); ``grad_hdh``: the gradient pass with ``sum_v h dh`` as an input (from the reverse
-    state pass). Values and gradients of the whole recurrence on such a gate:
-    ``test_kda_one_reference_fallback_end_to_end``."""
+    state pass); ``wy_p``: ``wy`` also storing the output's ``P`` (``output_in_state``). Values and gradients of the
+    whole recurrence on such a gate: ``test_kda_one_reference_fallback_end_to_end``."""
     st, args = kda_stage_inputs(17, fall_rows, T, levels_chunks, want_hdh=stage == "grad_hdh")
     stage = stage.removesuffix("_hdh")
-    launch = {"wy": chunk_pallas.wy, "output": chunk_pallas.output, "grad": chunk_pallas.grad}[stage]
+    launch = {"wy": chunk_pallas.wy, "wy_p": chunk_pallas.wy, "output": chunk_pallas.output,
+              "grad": chunk_pallas.grad}[stage]
     mixed, fast = (launch(st, *args[stage], redo_far=redo) for redo in (True, False))
     st_levels = dataclasses.replace(st, cfg=dataclasses.replace(st.cfg, one_reference_span=0))
     levels = launch(st_levels, *args[stage])
