@@ -755,13 +755,14 @@ class _ChunkOf:
 
 
 def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, causal: bool, tiled: bool,
-                        chunk: int, rows: tuple[bool, ...]):
+                        chunk: int, rows: tuple[bool, ...], summed: bool):
     """``kernel`` with the levels over the chunks of one program (:func:`_diagonal_launches`), run only on the chunks
     that have far rows (:func:`_far_blocks`), storing only those rows. ``refs``: the ``n_in`` inputs, the far-chunk
     flags of the program's chunks (:func:`_far_chunks`), the one-reference launch's outputs (aliased to this launch's
     outputs, through which :class:`_FarRowsOnly` reads them), this launch's outputs; each spans the program's chunks
     (:class:`_ChunkOf`, ``rows``: per input, then per output). ``tiled``: the grid has a K-tile axis
-    (:func:`_first_k_tile`)."""
+    (:func:`_first_k_tile`); ``summed``: the gate input is the raw gate, summed in the kernel
+    (:func:`gate_sums_in_kernels`)."""
     n_out = (len(refs) - n_in - 1) // 2
     ins, flags, outs = refs[:n_in], refs[n_in], refs[n_in + 1 + n_out:]
     kw = {"first": _first_k_tile(True)} if tiled else {}
@@ -769,7 +770,8 @@ def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, c
     def one_chunk(r, carry):
         def levels():
             views = [_ChunkOf(x, r, chunk, row) for x, row in zip(ins, rows[:n_in], strict=True)]
-            far = _far_blocks(_blocks(views[gam_index], per_key=True), span, causal)
+            gate = _SummedGate(views[gam_index]) if summed else views[gam_index]
+            far = _far_blocks(_blocks(gate, per_key=True), span, causal)
             kernel(*views, *(_FarRowsOnly(_ChunkOf(x, r, chunk, row), far)
                              for x, row in zip(outs, rows[n_in:], strict=True)), **kw)
 
@@ -781,15 +783,81 @@ def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, c
         lax.fori_loop(0, flags.shape[0], one_chunk, 0)
 
 
-def _far_chunks(gam: jax.Array, span: float, C: int, BK: int) -> jax.Array:
+def _far_chunks(gam: jax.Array, span: float, C: int, BK: int, cumulated: bool = True) -> jax.Array:
     """XLA: ``[B, HV, K // BK, N]`` float32, 1 where a chunk (of ``C`` rows) has, in a K tile of ``BK`` channels, a
     row whose gate has moved by about ``span`` or more from its ``SUB``-row block's first row (the rows
-    :func:`_far_blocks` marks; the threshold is a little lower, so that no such chunk is missed by rounding)."""
+    :func:`_far_blocks` marks; the threshold is a little lower, so that no such chunk is missed by rounding).
+    ``cumulated=False``: ``gam`` is the raw gate (:func:`gate_sums_in_kernels`); a block is then flagged where the
+    sum of ``|g|`` over its rows after the first reaches the threshold, a bound on how far any row moves (the same
+    blocks for a gate <= 0, some more for a gate of either sign)."""
     B, T, HV, K = gam.shape
     g = gam.reshape(B, T // SUB, SUB, HV, K)
-    moved = jnp.abs(g - g[:, :, :1]) >= span * (1 - 2.0**-10)
-    far = jnp.any(moved.reshape(B, T // C, C, HV, K // BK, BK), axis=(2, 5))  # [B, N, HV, NK]
+    if cumulated:
+        moved = jnp.abs(g - g[:, :, :1]) >= span * (1 - 2.0**-10)
+    else:
+        moved = jnp.sum(jnp.abs(g[:, :, 1:]), axis=2, keepdims=True) >= span * (1 - 2.0**-10)
+    far = jnp.any(moved.reshape(B, T // C, -1, HV, K // BK, BK), axis=(2, 5))  # [B, N, HV, NK]
     return far.transpose(0, 2, 3, 1).astype(F32)
+
+
+def gate_sums_in_kernels(cfg: RecurrentConfig, per_key: bool, C: int) -> bool:
+    """Whether the kernels take the raw gate and sum it per chunk themselves (``cfg.gate_cumsum_in_kernels``): with a
+    per-key gate at chunk ``SUB`` only, where a chunk is one row block, so that the gradient pass's levels launch,
+    which rewrites whole blocks, also rewrites every row the reverse sum of the gate's gradient mixes."""
+    if not (cfg.gate_cumsum_in_kernels and per_key):
+        return False
+    if C != SUB:
+        raise ValueError(f"gate_cumsum_in_kernels needs chunk {SUB} (one row block per chunk), got chunk {C}")
+    return True
+
+
+def kernel_gate(g: jax.Array, C: int, cfg: RecurrentConfig) -> jax.Array:
+    """XLA: the gate the kernels take, from ``g [B,T,HV]`` or ``[B,T,HV,K]`` float32 (T a multiple of ``C``): its chunk
+    sums (:func:`chunk_local_cumsum`), or ``g`` itself where the kernels sum it (:func:`gate_sums_in_kernels`)."""
+    return g if gate_sums_in_kernels(cfg, g.ndim == 4, C) else chunk_local_cumsum(g, C)
+
+
+def _inclusive_sums(x: jax.Array, reverse: bool) -> jax.Array:
+    """``[S, D]`` -> float32 inclusive sums over rows (``reverse``: of each row and the later ones), by an ``[S, S]``
+    triangular matmul in IEEE float32 (the operands are not rounded)."""
+    i, j = _iota(x.shape[0])
+    return _dot(((i <= j) if reverse else (i >= j)).astype(F32), x.astype(F32), lax.Precision.HIGHEST)
+
+
+class _SummedGate:
+    """A ref of the raw gate read as the cumulated one: a load of a chunk's ``SUB`` rows returns their inclusive sums
+    (:func:`gate_sums_in_kernels`)."""
+
+    def __init__(self, ref):
+        self.ref, self.shape, self.dtype = ref, ref.shape, ref.dtype
+
+    def __getitem__(self, idx):
+        return _inclusive_sums(self.ref[idx], reverse=False)
+
+
+class _ReverseSummedGrad:
+    """The gate-gradient output ref where the kernels sum the gate: a store of a chunk's ``d(gamma)`` rows writes the
+    raw gate's gradient, their reverse inclusive sums."""
+
+    def __init__(self, ref):
+        self.ref, self.shape, self.dtype = ref, ref.shape, ref.dtype
+
+    def __setitem__(self, idx, x):
+        self.ref[idx] = _inclusive_sums(x, reverse=True).astype(self.ref.dtype)
+
+
+def _summing_gate(kernel, gate: int, dgate: int | None = None):
+    """``kernel`` with its ref ``gate`` read through :class:`_SummedGate` and, ``dgate`` given, its ref ``dgate``
+    stored through :class:`_ReverseSummedGrad`."""
+
+    def summing(*refs, **kw):
+        refs = list(refs)
+        refs[gate] = _SummedGate(refs[gate])
+        if dgate is not None:
+            refs[dgate] = _ReverseSummedGrad(refs[dgate])
+        return kernel(*refs, **kw)
+
+    return summing
 
 
 def _over_chunks(spec: pl.BlockSpec, R: int) -> pl.BlockSpec:
@@ -804,7 +872,7 @@ def _over_chunks(spec: pl.BlockSpec, R: int) -> pl.BlockSpec:
 
 
 def _diagonal_launches(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_specs, out_shape, *,
-                       gam_index: int, causal: bool, redo_far: bool):
+                       gam_index: int, causal: bool, redo_far: bool, dgate: int | None = None):
     """-> ``fn(*inputs)``: the launches of a kernel with diagonal row blocks (``kernel(*refs, span=...)``,
     :func:`_block_gram`; ``inputs[gam_index]`` is the gate; ``grid`` ``[B, HV, N]`` or ``[B, HV, N, NK]``). With a
     per-key gate (:func:`_span`) two: one around one reference row per block (``name``), then one with the levels
@@ -813,26 +881,32 @@ def _diagonal_launches(kernel, name: str, launch: Launch, st: Static, grid, in_s
     of two up to that which divides N) and, unless XLA flagged one of them (:func:`_far_chunks`), exits after one
     load. With a gate that moves by less than the span within every 16 rows (the usual case) that is all the second
     launch does; no host round trip decides whether it runs. ``redo_far=False``: the first launch alone (its far rows
-    wrong; for tests). Otherwise one launch with the levels."""
+    wrong; for tests). Otherwise one launch with the levels. Where the kernels sum the gate
+    (:func:`gate_sums_in_kernels`) the kernel reads ``inputs[gam_index]`` as sums and, ``dgate`` given, stores its
+    output ``dgate`` (the gate's gradient) reverse-summed (:func:`_summing_gate`)."""
 
     def run(*inputs):
         span = _span(st, inputs[gam_index], inputs[0].dtype)
-        first = _call(functools.partial(kernel, span=span), name, launch, st, grid, in_specs, out_specs, out_shape)
+        n_in = len(inputs)
+        summed = gate_sums_in_kernels(st.cfg, inputs[gam_index].ndim == 4, st.chunk)
+        kernel_ = _summing_gate(kernel, gam_index, None if dgate is None else n_in + dgate) if summed else kernel
+        first = _call(functools.partial(kernel_, span=span), name, launch, st, grid, in_specs, out_specs, out_shape)
         if not span or not redo_far:
             return first(*inputs)
-        n_in, N = len(inputs), grid[2]
+        N = grid[2]
         R = math.gcd(N, 1 << (max(1, st.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
         BK = in_specs[gam_index].block_shape[-1]
         flags = pl.BlockSpec((None, None, None, R), lambda b, h, p, kt=0: (b, h, kt, p))
         rows = tuple(spec.block_shape[1] is not None for spec in in_specs + out_specs)
-        levels = functools.partial(_levels_on_far_rows, kernel=functools.partial(kernel, span=0.0), n_in=n_in,
+        levels = functools.partial(_levels_on_far_rows, kernel=functools.partial(kernel_, span=0.0), n_in=n_in,
                                    gam_index=gam_index, span=span, causal=causal, tiled=len(grid) == 4,
-                                   chunk=st.chunk, rows=rows)
+                                   chunk=st.chunk, rows=rows, summed=summed)
         spans = [_over_chunks(spec, R) for spec in out_specs]
         return _call(levels, f"{name}_levels", launch, st, grid[:2] + (N // R,) + grid[3:],
                      [_over_chunks(spec, R) for spec in in_specs] + [flags] + spans, spans, out_shape,
                      {n_in + 1 + i: i for i in range(len(out_specs))}
-                     )(*inputs, _far_chunks(inputs[gam_index], span, st.chunk, BK), *first(*inputs))
+                     )(*inputs, _far_chunks(inputs[gam_index], span, st.chunk, BK, cumulated=not summed),
+                       *first(*inputs))
 
     return run
 
@@ -946,6 +1020,7 @@ def state_fwd(st: Static, k, gam, w, u, h0, q=None, p=None):
     with_o = q is not None
     kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta,
                                scale=st.scale if with_o else None)
+    kernel = _summing_gate(kernel, 1) if gate_sums_in_kernels(st.cfg, gam.ndim == 4, st.chunk) else kernel
     snaps, final = sds((B, N, HV, K, V), k.dtype), sds((B, HV, K, V), F32)
     # one chunk's loads (k, gate, w, u tile; q, P): a pipeline stage's shared memory
     isz = k.dtype.itemsize
@@ -1023,6 +1098,7 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     hdh = hdh_in_state_bwd(st.cfg, K, V)
     kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta, hdh=hdh,
                                has_p=p is not None)
+    kernel = _summing_gate(kernel, 2) if gate_sums_in_kernels(st.cfg, gam.ndim == 4, st.chunk) else kernel
     ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht] + ([h] if hdh else [])
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
         [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K)] + (
@@ -1075,7 +1151,7 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
         dq, dk, dgam = _diagonal_launches(
             functools.partial(grad_kernel, delta=False), "grad_bwd", st.cfg.grad, st, grid,
             [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)] + hdh_specs,
-            out_specs, out_shape, gam_index=2, causal=False, redo_far=redo_far,
+            out_specs, out_shape, gam_index=2, causal=False, redo_far=redo_far, dgate=None if delta else 2,
         )(q, k, gam, h, dh, vn, do, *hdh_in)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
@@ -1083,14 +1159,14 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
             functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
             [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)]
             + out_specs[1:], out_specs[1:] + wy_specs, out_shape[1:] + wy_shape, gam_index=3, causal=False,
-            redo_far=redo_far,
+            redo_far=redo_far, dgate=1,
         )(k, v, beta, gam, vn, t, h, dvn, dk, dgam)
         return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _diagonal_launches(
         functools.partial(grad_kernel, delta=True), "grad_bwd", st.cfg.grad, st, grid,
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V),
          s.tok(V), s.tok(V), s.tok(V)] + hdh_specs,
-        out_specs + wy_specs, out_shape + wy_shape, gam_index=4, causal=False, redo_far=redo_far,
+        out_specs + wy_specs, out_shape + wy_shape, gam_index=4, causal=False, redo_far=redo_far, dgate=2,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do, *hdh_in)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 
@@ -1237,7 +1313,7 @@ def chunk_recurrence(
     q, k = pad(q, Tp - T, 0, Kp - K), pad(k, Tp - T, 0, Kp - K)
     v = pad(v, Tp - T, 0, Vp - V)
     g = pad(g.astype(F32), Tp - T, 0, *([Kp - K] if g.ndim == 4 else []))
-    gam = chunk_local_cumsum(g, C)
+    gam = kernel_gate(g, C, config)
     beta = None if beta is None else pad(beta, Tp - T, 0)
     h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
     h0 = pad(h0, 0, Kp - K, Vp - V)

@@ -62,6 +62,10 @@ class RecurrentConfig:
     the carried state (``o = (scale Q exp(gamma)) h + P v_new``), with ``P`` stored by ``wy``, which forms the same
     gate factors for ``A``: no output launch and no snapshot read for it, two more products per sequential step (off
     the carried chain). Untimed on a GPU; no table sets it.
+    ``gate_cumsum_in_kernels`` (per-key gate at chunk 16): the kernels take the raw gate and sum each chunk they load
+    (a ``[16, 16]`` triangular float32 matmul), and the gradient pass stores the raw gate's gradient (the reverse
+    sums), in place of XLA's chunk cumsum and its VJP (0.14 ms per call at the KDA anchor on the H200). Untimed on a
+    GPU; no table sets it.
     """
 
     chunk: int = 64
@@ -82,6 +86,7 @@ class RecurrentConfig:
     state_bwd_hdh_from: int | None = None
     block_v_bwd: int | None = None
     output_in_state: bool = False
+    gate_cumsum_in_kernels: bool = False
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:

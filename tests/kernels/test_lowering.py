@@ -40,13 +40,15 @@ def _sds(*shape, dtype=jnp.bfloat16):
 
 def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
                      f32_decay: bool = False, chunk: int | None = None, fused: bool = False,
-                     block_k: int | None = None, hdh: bool = False, output_in_state: bool = False) -> Case:
+                     block_k: int | None = None, hdh: bool = False, output_in_state: bool = False,
+                     gate_sums: bool = False) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
     heads, K=V=64, T ragged (200). ``split`` / ``fused``: the gradient pass as two launches / one (else the table's
     rule); ``f32_decay``: KDA's forward decayed products from float32 operands; ``chunk``: instead of the table's
     (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles; ``hdh``: the reverse state
     pass computes ``sum_v h dh`` (``state_bwd_hdh_from``); ``output_in_state``: the forward state pass computes the
-    output (``P`` from ``wy``, no output launch)."""
+    output (``P`` from ``wy``, no output launch); ``gate_sums``: the kernels sum the raw gate
+    (``gate_cumsum_in_kernels``)."""
     B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
@@ -60,7 +62,7 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
             config = dataclasses.replace(config, decay_operands_f32=True) if f32_decay else config
             config = dataclasses.replace(config, block_k=block_k)
             config = dataclasses.replace(config, state_bwd_hdh_from=0) if hdh else config
-            config = dataclasses.replace(config, output_in_state=output_in_state)
+            config = dataclasses.replace(config, output_in_state=output_in_state, gate_cumsum_in_kernels=gate_sums)
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
                                     config=config, chunk_size=chunk)
 
@@ -110,6 +112,10 @@ CASES = [
     _recurrence_case("gdn_fwd_bwd_output_in_state", delta=True, backward=True, output_in_state=True),
     _recurrence_case("kda_fwd_bwd_split_grad_output_in_state", delta=True, backward=True, per_key=True, split=True,
                      output_in_state=True),
+    _recurrence_case("kda_fwd_bwd_split_grad_gate_sums_in_kernels", delta=True, backward=True, per_key=True,
+                     split=True, gate_sums=True),
+    _recurrence_case("kda_fwd_bwd_fused_grad_gate_sums_in_kernels", delta=True, backward=True, per_key=True,
+                     fused=True, gate_sums=True),
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),

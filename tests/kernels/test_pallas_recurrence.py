@@ -214,6 +214,54 @@ def test_output_in_the_state_pass(kind, chunk):
     assert "output_fwd" not in pallas_call_names(pallas(chunk, config), *args)
 
 
+@pytest.mark.parametrize("case", ["steep-fused", "falling-split", "key-tiles-split", "with-output-in-state"])
+def test_kda_gate_sums_in_kernels(case):
+    """``gate_cumsum_in_kernels``: the kernels take the raw gate, sum each chunk themselves and return the raw gate's
+    gradient: the same values and gradients. Gates down to -20 per step with -1000 entries (fused gradient pass); a
+    gate falling by 100 at row 20, so that the levels launches redo a chunk (split gradient pass: the reverse sum
+    in the second launch); the same fall in the second K tile's channels only, the gradient pass in two K tiles;
+    and with the output computed in the forward state pass."""
+    inputs, weights = make_inputs(22, B=1, T=37, K=32 if case == "key-tiles-split" else 16, V=16, per_key=True,
+                                  g_min=-20.0 if case == "steep-fused" else None)
+    config = dataclasses.replace(tuning.recurrent_config(per_key=True), gate_cumsum_in_kernels=True,
+                                 split_grad_from=None if case == "steep-fused" else 0)
+    if case == "steep-fused":
+        inputs["g"] = inputs["g"].at[:, 5::11, :, ::3].set(-1000.0)
+    elif case == "key-tiles-split":
+        inputs["g"] = inputs["g"].at[:, 20, :, 16:].add(-100.0)
+        config = dataclasses.replace(config, block_k=16)
+    else:
+        inputs["g"] = inputs["g"].at[:, 20].add(-100.0)
+        config = dataclasses.replace(config, output_in_state=case == "with-output-in-state")
+    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    assert "chunk_local_cumsum" not in pallas_call_names(pallas(16, config), *args)
+
+
+def test_kda_gate_sums_in_kernels_flags_and_chunk():
+    """Where the kernels sum the gate, XLA flags the chunks for the levels launches from the raw gate: the same
+    chunks as from the cumulated gate for a gate <= 0, and at least those for a gate of either sign; the option
+    needs chunk 16 and says so."""
+    g = jax.random.uniform(jax.random.PRNGKey(23), (2, 64, 3, 32), minval=-0.5, maxval=0.0)
+    g = g.at[0, 16:32, 1, 3].set(-1.0).at[1, 40:48, 2, 20].set(-2.0)  # two chunks move by 15 and 16 in one channel
+    for gate in (g, g.at[:, 1::2].multiply(-1.0)):
+        cumulated = chunk_pallas._far_chunks(chunk_pallas.chunk_local_cumsum(gate, 16), 8.0, 16, 16)
+        raw = chunk_pallas._far_chunks(gate, 8.0, 16, 16, cumulated=False)
+        assert np.all(np.asarray(raw) >= np.asarray(cumulated))
+        if gate is g:
+            assert float(cumulated.sum()) == 2  # the two steep chunks
+            np.testing.assert_array_equal(np.asarray(raw), np.asarray(cumulated))
+        else:  # rows of alternating sign cancel in the sums, not in the bound
+            assert float(raw.sum()) > float(cumulated.sum())
+    config = dataclasses.replace(tuning.recurrent_config(per_key=True), gate_cumsum_in_kernels=True)
+    with pytest.raises(ValueError, match="chunk 16"):
+        chunk_pallas.kernel_gate(g, 32, config)
+    assert chunk_pallas.kernel_gate(g, 16, config) is g
+    scalar = g[..., 0]  # the scalar gate keeps XLA's cumsum
+    np.testing.assert_array_equal(np.asarray(chunk_pallas.kernel_gate(scalar, 32, config)),
+                                  np.asarray(chunk_pallas.chunk_local_cumsum(scalar, 32)))
+
+
 def test_kda_float32_ragged_grouped_with_states():
     inputs, weights = make_inputs(10, B=1, T=45, per_key=True)
     check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
@@ -252,15 +300,17 @@ def test_kda_strongly_negative_gates(chunk):
     check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4)
 
 
-@pytest.mark.parametrize("output_in_state", [False, True], ids=["output-launch", "output-in-state"])
-def test_kda_outputs_do_not_depend_on_later_gates(output_in_state):
+@pytest.mark.parametrize("chunk, options", [(32, {}), (32, {"output_in_state": True}),
+                                           (16, {"output_in_state": True, "gate_cumsum_in_kernels": True})],
+                         ids=["output-launch", "output-in-state", "gate-sums-in-kernels"])
+def test_kda_outputs_do_not_depend_on_later_gates(chunk, options):
     """o[:, :t+1] is bit-identical when every gate after t changes (within t's sub-chunk, chunk and later); also with
-    the output computed in the forward state pass."""
+    the output computed in the forward state pass, and with the gate summed in the kernels."""
     inputs, _ = make_inputs(14, B=1, T=40, per_key=True)
     q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
-    config = dataclasses.replace(tuning.recurrent_config(per_key=True), output_in_state=output_in_state)
-    fn = jax.jit(lambda g: pallas(32, config)(q, k, v, g, beta, initial_state=h0)[0])
-    t = 20  # row 4 of the second sub-chunk of the first chunk
+    config = dataclasses.replace(tuning.recurrent_config(per_key=True), **options)
+    fn = jax.jit(lambda g: pallas(chunk, config)(q, k, v, g, beta, initial_state=h0)[0])
+    t = 20  # row 4 of the second sub-chunk (at chunk 16: chunk) of the first chunk
     g_later = jax.random.uniform(jax.random.PRNGKey(15), g.shape, minval=-30.0, maxval=0.0)
     o, o_p = fn(g), fn(g.at[:, t + 1:].set(g_later[:, t + 1:]))
     np.testing.assert_array_equal(np.asarray(o[:, : t + 1]), np.asarray(o_p[:, : t + 1]))
