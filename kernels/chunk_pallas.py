@@ -397,12 +397,15 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool, scale: float | 
     rule, ``RecurrentConfig.output_in_state``; inputs ``q``, ``P`` after ``h0``, output ``o`` after ``v_new``) also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the
     snapshot is)."""
-    if scale is not None:
-        k_ref, gam_ref, w_ref, u_ref, h0_ref, q_ref, p_ref, h_ref, vn_ref, o_ref, ht_ref = refs
-    elif delta:
-        k_ref, gam_ref, w_ref, u_ref, h0_ref, h_ref, vn_ref, ht_ref = refs
-    else:
-        k_ref, gam_ref, u_ref, h0_ref, h_ref, ht_ref = refs
+    with_o = scale is not None
+    k_ref, gam_ref, *refs = refs
+    w_ref = refs.pop(0) if delta else None
+    u_ref, h0_ref, *refs = refs
+    q_ref, p_ref = (refs.pop(0), refs.pop(0)) if with_o else (None, None)
+    h_ref = refs.pop(0)
+    vn_ref = refs.pop(0) if delta else None
+    o_ref = refs.pop(0) if with_o else None
+    (ht_ref,) = refs
     cd = k_ref.dtype
 
     def body(c, s):
@@ -415,7 +418,7 @@ def _state_kernel(*refs, chunk: int, n_chunks: int, delta: bool, scale: float | 
         if delta:
             vn = vn - _dot(w_ref[rows, :], s.astype(cd))
             vn_ref[rows, :] = vn.astype(vn_ref.dtype)
-        if scale is not None:
+        if with_o:
             qd = (q_ref[rows, :].astype(F32) * scale * _col(jnp.exp(gam))).astype(cd)
             o_ref[rows, :] = (_dot(qd, s.astype(cd)) + _dot(p_ref[rows, :], vn.astype(cd))).astype(o_ref.dtype)
         k_end = (k.astype(F32) * _col(jnp.exp(gl - gam))).astype(cd)
@@ -1027,29 +1030,17 @@ def state_fwd(st: Static, k, gam, w, u, h0, q=None, p=None):
     stage = st.chunk * (K * isz * (2 if delta else 1) + _gate_bytes(gam) + BV * u.dtype.itemsize
                         + ((K + st.chunk) * isz if with_o else 0))
     launch = fit_stages(st.cfg.state, stage, st.cfg.shared_memory)
-    if with_o:
-        h, vn, o, ht = _call(
-            kernel, "state_fwd", launch, st, (B, HV, V // BV),
-            [s.qk_seq(K), s.gate_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K), s.qk_seq(K),
-             s.tok_seq(st.chunk)],
-            [s.snaps_seq(N, K), s.vtile_seq(), s.vtile_seq(), s.state_seq(K)],
-            [snaps, sds((B, T, HV, V), k.dtype), sds((B, T, HV, V), k.dtype), final],
-        )(k, gam, w, u, h0, q, p)
-        return h, vn, ht, o
-    if delta:
-        return _call(
-            kernel, "state_fwd", launch, st, (B, HV, V // BV),
-            [s.qk_seq(K), s.gate_seq(), s.tok_seq(K), s.vtile_seq(), s.state_seq(K)],
-            [s.snaps_seq(N, K), s.vtile_seq(), s.state_seq(K)],
-            [snaps, sds((B, T, HV, V), k.dtype), final],
-        )(k, gam, w, u, h0)
-    h, ht = _call(
-        kernel, "state_fwd", launch, st, (B, HV, V // BV),
-        [s.qk_seq(K), s.gate_seq(), s.vtile_seq(), s.state_seq(K)],
-        [s.snaps_seq(N, K), s.state_seq(K)],
-        [snaps, final],
-    )(k, gam, u, h0)
-    return h, u, ht
+    ins = [k, gam] + ([w] if delta else []) + [u, h0] + ([q, p] if with_o else [])
+    in_specs = [s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + [s.vtile_seq(), s.state_seq(K)] + (
+        [s.qk_seq(K), s.tok_seq(st.chunk)] if with_o else [])
+    n_tiles = delta + with_o  # v_new, o: [B,T,HV,V] outputs in V tiles
+    h, *tiles, ht = _call(
+        kernel, "state_fwd", launch, st, (B, HV, V // BV), in_specs,
+        [s.snaps_seq(N, K)] + [s.vtile_seq()] * n_tiles + [s.state_seq(K)],
+        [snaps] + [sds((B, T, HV, V), k.dtype)] * n_tiles + [final],
+    )(*ins)
+    vn = tiles[0] if delta else u
+    return (h, vn, ht, tiles[1]) if with_o else (h, vn, ht)
 
 
 def output(st: Static, q, k, vn, gam, h, redo_far: bool = True):
