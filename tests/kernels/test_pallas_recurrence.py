@@ -191,8 +191,8 @@ def test_api_dispatch():
 # diagonal blocks are exercised.
 
 
-def pallas_call_names(fn, *args) -> str:
-    """The jaxpr of ``fn(*args)`` as text (holds each ``pallas_call``'s kernel name)."""
+def jaxpr_text(fn, *args) -> str:
+    """The jaxpr of ``fn(*args)`` as text (it names each ``pallas_call``'s kernel)."""
     return str(jax.make_jaxpr(fn)(*args))
 
 
@@ -210,17 +210,17 @@ def test_output_in_the_state_pass(kind, chunk):
     config = dataclasses.replace(base, output_in_state=True)
     check(inputs, weights, chunk=chunk, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-    assert "output_fwd" in pallas_call_names(pallas(chunk, base), *args)
-    assert "output_fwd" not in pallas_call_names(pallas(chunk, config), *args)
+    assert "output_fwd" in jaxpr_text(pallas(chunk, base), *args)
+    assert "output_fwd" not in jaxpr_text(pallas(chunk, config), *args)
 
 
 @pytest.mark.parametrize("case", ["steep-fused", "falling-split", "key-tiles-split", "with-output-in-state"])
-def test_kda_gate_sums_in_kernels(case):
+def test_kda_gate_sums_in_kernels(case, monkeypatch):
     """``gate_cumsum_in_kernels``: the kernels take the raw gate, sum each chunk themselves and return the raw gate's
     gradient: the same values and gradients. Gates down to -20 per step with -1000 entries (fused gradient pass); a
     gate falling by 100 at row 20, so that the levels launches redo a chunk (split gradient pass: the reverse sum
     in the second launch); the same fall in the second K tile's channels only, the gradient pass in two K tiles;
-    and with the output computed in the forward state pass."""
+    and with the output computed in the forward state pass. XLA's chunk cumsum is not called."""
     inputs, weights = make_inputs(22, B=1, T=37, K=32 if case == "key-tiles-split" else 16, V=16, per_key=True,
                                   g_min=-20.0 if case == "steep-fused" else None)
     config = dataclasses.replace(tuning.recurrent_config(per_key=True), gate_cumsum_in_kernels=True,
@@ -234,8 +234,15 @@ def test_kda_gate_sums_in_kernels(case):
         inputs["g"] = inputs["g"].at[:, 20].add(-100.0)
         config = dataclasses.replace(config, output_in_state=case == "with-output-in-state")
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
+
+    def xla_cumsum(*_):
+        raise AssertionError("XLA's chunk cumsum was called")
+
+    monkeypatch.setattr(chunk_pallas, "chunk_local_cumsum", xla_cumsum)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-    assert "chunk_local_cumsum" not in pallas_call_names(pallas(16, config), *args)
+    jaxpr_text(pallas(16, config), *args)
+    with pytest.raises(AssertionError, match="chunk cumsum"):  # the table's config does call it
+        jaxpr_text(pallas(16, dataclasses.replace(config, gate_cumsum_in_kernels=False)), *args)
 
 
 def test_kda_gate_sums_in_kernels_flags_and_chunk():
