@@ -273,6 +273,10 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         try:
             v_res = time_and_check(*make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
             v_res["stages_ms"] = stage_times(s, v_cfg, repeats, interpret)
+            if trace:
+                print(f"{s.name} {variant}: trace", flush=True)
+                v_res["trace"] = trace_fwd_bwd(make_fns(s, "pallas", v_cfg, interpret)[1], x, do,
+                                               Path(trace) / f"{s.name}_{variant.replace(',', '_')}")
         except Exception as e:  # noqa: BLE001
             v_res = {"error": f"{type(e).__name__}: {e}"[:2000]}
         res.setdefault("variants", {})[variant] = v_res
@@ -307,8 +311,9 @@ def main() -> None:
                          "chunk=32 or chunk=64,split_grad_from=none; repeatable)")
     ap.add_argument("--other-grad", action="store_true",
                     help="also time the other gradient-pass variant (fused or split, see tuning.split_grad_from)")
-    ap.add_argument("--trace", default="", help="also trace the table config's forward+backward into DIR/SHAPE and "
-                                                "print where its device time goes (kernels and XLA ops)")
+    ap.add_argument("--trace", default="", help="also trace the table config's forward+backward into DIR/SHAPE (and "
+                                                "each variant's into DIR/SHAPE_VARIANT) and print where its device "
+                                                "time goes (kernels and XLA ops)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     args = ap.parse_args()
     shapes = (

@@ -15,8 +15,8 @@
 #                            GDN (env KDA_SHAPES, KDA_VARIANTS: set and empty for none); a launch sweep at KDA
 #                            shapes (env KDA_TUNE_SHAPES, KDA_TUNE_BUDGET seconds, KDA_START, e.g. chunk=64: from
 #                            that entry, KDA_TUNE_FIELDS: only these fields, in this order); KDA_TIMEOUT: kda's limit
-#                            in seconds (default 300); KDA_TRACE=DIR: also trace each shape's forward+backward there
-#                            and print where the device time goes
+#                            in seconds (default 300); KDA_TRACE=DIR: also trace each shape's and each variant's
+#                            forward+backward there and print where the device time goes
 #   attention sdpa           our attention vs cuDNN / PyTorch SDPA at the same shapes
 #   anchors                  the reference's own anchor scripts (FLA kernels + SDPA, JAX attention)
 #   train train_kda train_hybrids train_1b    our training throughput (300M GDN, 300M KDA, 300M hybrids, 1B GDN)

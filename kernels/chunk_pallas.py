@@ -806,12 +806,9 @@ def _far_chunks(gam: jax.Array, span: float, C: int, BK: int, cumulated: bool = 
 def gate_sums_in_kernels(cfg: RecurrentConfig, per_key: bool, C: int) -> bool:
     """Whether the kernels take the raw gate and sum it per chunk themselves (``cfg.gate_cumsum_in_kernels``): with a
     per-key gate at chunk ``SUB`` only, where a chunk is one row block, so that the gradient pass's levels launch,
-    which rewrites whole blocks, also rewrites every row the reverse sum of the gate's gradient mixes."""
-    if not (cfg.gate_cumsum_in_kernels and per_key):
-        return False
-    if C != SUB:
-        raise ValueError(f"gate_cumsum_in_kernels needs chunk {SUB} (one row block per chunk), got chunk {C}")
-    return True
+    which rewrites whole blocks, also rewrites every row the reverse sum of the gate's gradient mixes. At other
+    chunks XLA sums the gate (:func:`chunk_local_cumsum`), as without the option."""
+    return cfg.gate_cumsum_in_kernels and per_key and C == SUB
 
 
 def kernel_gate(g: jax.Array, C: int, cfg: RecurrentConfig) -> jax.Array:

@@ -61,11 +61,11 @@ class RecurrentConfig:
     ``output_in_state`` (delta rule): the forward's output computed in the sequential state pass, per V tile, from
     the carried state (``o = (scale Q exp(gamma)) h + P v_new``), with ``P`` stored by ``wy``, which forms the same
     gate factors for ``A``: no output launch and no snapshot read for it, two more products per sequential step (off
-    the carried chain). Untimed on a GPU; no table sets it.
+    the carried chain). On in the sm90 KDA table (with the next option; see there).
     ``gate_cumsum_in_kernels`` (per-key gate at chunk 16): the kernels take the raw gate and sum each chunk they load
     (a ``[16, 16]`` triangular float32 matmul), and the gradient pass stores the raw gate's gradient (the reverse
-    sums), in place of XLA's chunk cumsum and its VJP (0.14 ms per call at the KDA anchor on the H200). Untimed on a
-    GPU; no table sets it.
+    sums), in place of XLA's chunk cumsum and its VJP. At any other chunk (a ``chunk_size`` the caller picks) XLA
+    sums the gate as without it. On in the sm90 KDA table.
     """
 
     chunk: int = 64
@@ -172,6 +172,11 @@ RECURRENT: dict[str, RecurrentConfig] = {
 # with it everywhere (fwd+bwd ms, without -> with): KDA anchor 4.080 -> 3.952 and 4.328 -> 3.991 (``grad`` 2.09 ->
 # 1.73, ``state_bwd`` 0.71 -> 0.85-0.97); 1B shape 1.286 -> 1.471, 1.385 -> 1.398; 300M shape 0.851 -> 1.028,
 # 0.879 -> 0.932; GDN anchor 2.599 -> 2.732, 2.592 -> 2.652. ROCm: untimed, left off.
+# Round 16 (one process per command, fwd+bwd ms, anchor / 300M / 1B shape): ``output_in_state`` and
+# ``gate_cumsum_in_kernels`` together 3.564 -> 3.251, 0.610 -> 0.588, 0.968 -> 0.948 (each alone at the anchor:
+# 3.630, 3.362); with them ``grad`` at 4 warps (8 before) 3.232 -> 3.195, 0.592 -> 0.547, 0.953 -> 0.863, and the
+# whole change against the old entry in one process 3.487 -> 3.234, 0.611 -> 0.546, 0.997 -> 0.846 (our GDN anchor
+# 2.104: 1.54x). Not taken: the fused gradient pass 3.220, ``state_bwd_hdh_from=None`` 3.457. ROCm: untimed, off.
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
     "sm90": dataclasses.replace(
         RECURRENT["sm90"],
@@ -183,6 +188,9 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         state_bwd=Launch(4, 3),
         split_grad_from=0,
         state_bwd_hdh_from=128 * 128,
+        grad=Launch(4, 1),
+        output_in_state=True,
+        gate_cumsum_in_kernels=True,
     ),
     # KDA's gradient pass keeps 8 warps on ROCm: it spills nothing there (at most 214 VGPRs, offline compile).
     "gfx942": dataclasses.replace(RECURRENT["gfx942"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),

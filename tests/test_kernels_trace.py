@@ -34,3 +34,19 @@ def test_each_variant_is_printed_when_timed_and_a_failing_one_is_recorded(capsys
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["tiny_gdn chunk=24", "tiny_gdn block_v_bwd=16"]
     assert "FAILED ValueError" in lines[0] and "fwd+bwd" in lines[1]
+
+
+def test_each_variant_is_traced_into_its_own_folder(tmp_path, capsys):
+    """With ``trace``, ``run`` traces the table config into DIR/SHAPE and each variant into DIR/SHAPE_VARIANT (commas
+    made underscores), and records each summary beside its times."""
+    from benchmarks.kernels import run
+    from benchmarks.shapes import Shape
+
+    s = Shape("tiny_gdn", 1, 64, 1, 1, 16, 16, True)
+    res = run(s, repeats=1, xla_timing=False, interpret=True, variants=("block_v=16,block_v_bwd=16",),
+              trace=str(tmp_path))
+    variant = res["variants"]["block_v=16,block_v_bwd=16"]
+    assert variant["ok"] and variant["trace"]["calls"] == 3 and res["trace"]["calls"] == 3
+    for folder in ("tiny_gdn", "tiny_gdn_block_v=16_block_v_bwd=16"):
+        assert (tmp_path / folder / "step_hlo.txt").read_text().startswith("HloModule")
+    assert "tiny_gdn block_v=16,block_v_bwd=16: trace" in capsys.readouterr().out

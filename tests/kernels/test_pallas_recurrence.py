@@ -247,8 +247,8 @@ def test_kda_gate_sums_in_kernels(case, monkeypatch):
 
 def test_kda_gate_sums_in_kernels_flags_and_chunk():
     """Where the kernels sum the gate, XLA flags the chunks for the levels launches from the raw gate: the same
-    chunks as from the cumulated gate for a gate <= 0, and at least those for a gate of either sign; the option
-    needs chunk 16 and says so."""
+    chunks as from the cumulated gate for a gate <= 0, and at least those for a gate of either sign; at chunks
+    other than 16 XLA sums the gate, as without the option."""
     g = jax.random.uniform(jax.random.PRNGKey(23), (2, 64, 3, 32), minval=-0.5, maxval=0.0)
     g = g.at[0, 16:32, 1, 3].set(-1.0).at[1, 40:48, 2, 20].set(-2.0)  # two chunks move by 15 and 16 in one channel
     for gate in (g, g.at[:, 1::2].multiply(-1.0)):
@@ -261,12 +261,21 @@ def test_kda_gate_sums_in_kernels_flags_and_chunk():
         else:  # rows of alternating sign cancel in the sums, not in the bound
             assert float(raw.sum()) > float(cumulated.sum())
     config = dataclasses.replace(tuning.recurrent_config(per_key=True), gate_cumsum_in_kernels=True)
-    with pytest.raises(ValueError, match="chunk 16"):
-        chunk_pallas.kernel_gate(g, 32, config)
     assert chunk_pallas.kernel_gate(g, 16, config) is g
+    np.testing.assert_array_equal(np.asarray(chunk_pallas.kernel_gate(g, 32, config)),  # other chunks: XLA sums
+                                  np.asarray(chunk_pallas.chunk_local_cumsum(g, 32)))
     scalar = g[..., 0]  # the scalar gate keeps XLA's cumsum
     np.testing.assert_array_equal(np.asarray(chunk_pallas.kernel_gate(scalar, 32, config)),
                                   np.asarray(chunk_pallas.chunk_local_cumsum(scalar, 32)))
+
+
+def test_kda_gate_sums_option_at_another_chunk():
+    """A config with ``gate_cumsum_in_kernels`` (as the sm90 KDA table has) at a chunk the caller picks other than
+    16: XLA sums the gate, and values and gradients are right."""
+    inputs, weights = make_inputs(24, B=1, T=37, K=16, V=16, per_key=True)
+    config = dataclasses.replace(tuning.recurrent_config(per_key=True), gate_cumsum_in_kernels=True,
+                                 output_in_state=True)
+    check(inputs, weights, chunk=32, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
 def test_kda_float32_ragged_grouped_with_states():
