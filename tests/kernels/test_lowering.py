@@ -40,15 +40,15 @@ def _sds(*shape, dtype=jnp.bfloat16):
 
 def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
                      f32_decay: bool = False, chunk: int | None = None, fused: bool = False,
-                     block_k: int | None = None, hdh: bool = False, output_in_state: bool = False,
-                     gate_sums: bool = False) -> Case:
+                     block_k: int | None = None, hdh: bool = False, output_in_state: bool | None = None,
+                     gate_sums: bool | None = None) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
     heads, K=V=64, T ragged (200). ``split`` / ``fused``: the gradient pass as two launches / one (else the table's
     rule); ``f32_decay``: KDA's forward decayed products from float32 operands; ``chunk``: instead of the table's
     (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles; ``hdh``: the reverse state
     pass computes ``sum_v h dh`` (``state_bwd_hdh_from``); ``output_in_state``: the forward state pass computes the
     output (``P`` from ``wy``, no output launch); ``gate_sums``: the kernels sum the raw gate
-    (``gate_cumsum_in_kernels``)."""
+    (``gate_cumsum_in_kernels``); these two, None: as the table has them (the sm90 KDA table sets both)."""
     B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
@@ -62,7 +62,8 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
             config = dataclasses.replace(config, decay_operands_f32=True) if f32_decay else config
             config = dataclasses.replace(config, block_k=block_k)
             config = dataclasses.replace(config, state_bwd_hdh_from=0) if hdh else config
-            config = dataclasses.replace(config, output_in_state=output_in_state, gate_cumsum_in_kernels=gate_sums)
+            config = config if output_in_state is None else dataclasses.replace(config, output_in_state=output_in_state)
+            config = config if gate_sums is None else dataclasses.replace(config, gate_cumsum_in_kernels=gate_sums)
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
                                     config=config, chunk_size=chunk)
 
@@ -75,7 +76,8 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
 
         return fwd_bwd
 
-    kernels = (3 if delta else 2) - output_in_state + (2 + split if backward else 0)
+    no_output_launch = delta and output_in_state is not False  # None: the table may compute it in the state pass
+    kernels = (3 if delta else 2) - no_output_launch + (2 + split if backward else 0)
     return Case(name, make, args, kernels)
 
 
