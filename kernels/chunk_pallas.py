@@ -846,9 +846,12 @@ class _ReverseSummedGrad:
         self.ref[idx] = _inclusive_sums(x, reverse=True).astype(self.ref.dtype)
 
 
-def _summing_gate(kernel, gate: int, dgate: int | None = None):
-    """``kernel`` with its ref ``gate`` read through :class:`_SummedGate` and, ``dgate`` given, its ref ``dgate``
-    stored through :class:`_ReverseSummedGrad`."""
+def _summing_gate(kernel, st: Static, gam: jax.Array, gate: int, dgate: int | None = None):
+    """``kernel``, where the kernels sum the gate ``gam`` (:func:`gate_sums_in_kernels`) with its ref ``gate`` read
+    through :class:`_SummedGate` and, ``dgate`` given, its ref ``dgate`` stored through :class:`_ReverseSummedGrad`;
+    else ``kernel`` itself."""
+    if not gate_sums_in_kernels(st.cfg, gam.ndim == 4, st.chunk):
+        return kernel
 
     def summing(*refs, **kw):
         refs = list(refs)
@@ -889,7 +892,7 @@ def _diagonal_launches(kernel, name: str, launch: Launch, st: Static, grid, in_s
         span = _span(st, inputs[gam_index], inputs[0].dtype)
         n_in = len(inputs)
         summed = gate_sums_in_kernels(st.cfg, inputs[gam_index].ndim == 4, st.chunk)
-        kernel_ = _summing_gate(kernel, gam_index, None if dgate is None else n_in + dgate) if summed else kernel
+        kernel_ = _summing_gate(kernel, st, inputs[gam_index], gam_index, None if dgate is None else n_in + dgate)
         first = _call(functools.partial(kernel_, span=span), name, launch, st, grid, in_specs, out_specs, out_shape)
         if not span or not redo_far:
             return first(*inputs)
@@ -1020,7 +1023,7 @@ def state_fwd(st: Static, k, gam, w, u, h0, q=None, p=None):
     with_o = q is not None
     kernel = functools.partial(_state_kernel, chunk=st.chunk, n_chunks=N, delta=delta,
                                scale=st.scale if with_o else None)
-    kernel = _summing_gate(kernel, 1) if gate_sums_in_kernels(st.cfg, gam.ndim == 4, st.chunk) else kernel
+    kernel = _summing_gate(kernel, st, gam, 1)
     snaps, final = sds((B, N, HV, K, V), k.dtype), sds((B, HV, K, V), F32)
     # one chunk's loads (k, gate, w, u tile; q, P): a pipeline stage's shared memory
     isz = k.dtype.itemsize
@@ -1086,7 +1089,7 @@ def state_bwd(st: Static, q, k, gam, w, p, do, dht, h):
     hdh = hdh_in_state_bwd(st.cfg, K, V)
     kernel = functools.partial(_state_bwd_kernel, chunk=st.chunk, n_chunks=N, scale=st.scale, delta=delta, hdh=hdh,
                                has_p=p is not None)
-    kernel = _summing_gate(kernel, 2) if gate_sums_in_kernels(st.cfg, gam.ndim == 4, st.chunk) else kernel
+    kernel = _summing_gate(kernel, st, gam, 2)
     ins = [q, k, gam] + ([w] if delta else []) + ([p] if p is not None else []) + [do, dht] + ([h] if hdh else [])
     specs = [s.qk_seq(K), s.qk_seq(K), s.gate_seq()] + ([s.tok_seq(K)] if delta else []) + (
         [s.tok_seq(st.chunk)] if p is not None else []) + [s.vtile_seq(), s.state_seq(K)] + (
