@@ -257,8 +257,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
     _, ref_fwd_bwd = make_fns(s, "xla")
     with jax.default_matmul_precision("highest"):  # the default lets float32 dots use TF32 on NVIDIA GPUs
         o_ref, g_ref = ref_fwd_bwd(xf, do.astype(jnp.float32))
-    res = dict(dataclasses.asdict(s), **time_and_check(*make_fns(s, "pallas", cfg, interpret), x, do, o_ref, g_ref,
-                                                         repeats))
+    fns = make_fns(s, "pallas", cfg, interpret)  # built once: traced below with the same compiled functions
+    res = dict(dataclasses.asdict(s), **time_and_check(*fns, x, do, o_ref, g_ref, repeats))
     if other_grad and s.delta:  # the other gradient-pass variant (fused <-> split in two launches), same checks
         split = cfg.split_grad_from is not None and s.K * s.V >= cfg.split_grad_from
         other = dataclasses.replace(cfg, split_grad_from=None if split else 0)
@@ -271,12 +271,12 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
     for variant in variants:  # the table's config with some fields changed; a failing one (e.g. shared memory
         v_cfg = apply_variant(cfg, variant)  # overflow) is recorded, not fatal to the shape
         try:
-            v_res = time_and_check(*make_fns(s, "pallas", v_cfg, interpret), x, do, o_ref, g_ref, repeats)
+            v_fns = make_fns(s, "pallas", v_cfg, interpret)
+            v_res = time_and_check(*v_fns, x, do, o_ref, g_ref, repeats)
             v_res["stages_ms"] = stage_times(s, v_cfg, repeats, interpret)
             if trace:
                 print(f"{s.name} {variant}: trace", flush=True)
-                v_res["trace"] = trace_fwd_bwd(make_fns(s, "pallas", v_cfg, interpret)[1], x, do,
-                                               Path(trace) / f"{s.name}_{variant.replace(',', '_')}")
+                v_res["trace"] = trace_fwd_bwd(v_fns[1], x, do, Path(trace) / f"{s.name}_{variant.replace(',', '_')}")
         except Exception as e:  # noqa: BLE001
             v_res = {"error": f"{type(e).__name__}: {e}"[:2000]}
         res.setdefault("variants", {})[variant] = v_res
@@ -284,7 +284,7 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         print(variant_line(s.name, variant, v_res), flush=True)
     res["stages_ms"] = stage_times(s, cfg, repeats, interpret)
     if trace:
-        res["trace"] = trace_fwd_bwd(make_fns(s, "pallas", cfg, interpret)[1], x, do, Path(trace) / s.name)
+        res["trace"] = trace_fwd_bwd(fns[1], x, do, Path(trace) / s.name)
     if xla_timing:
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)

@@ -241,7 +241,7 @@ def test_kda_gate_sums_in_kernels(case, monkeypatch):
     monkeypatch.setattr(chunk_pallas, "chunk_local_cumsum", xla_cumsum)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
     jaxpr_text(pallas(16, config), *args)
-    with pytest.raises(AssertionError, match="chunk cumsum"):  # the table's config does call it
+    with pytest.raises(AssertionError, match="chunk cumsum"):  # without the option it is called
         jaxpr_text(pallas(16, dataclasses.replace(config, gate_cumsum_in_kernels=False)), *args)
 
 
