@@ -20,6 +20,10 @@ backward  ``state_bwd`` [B, HV, NV]  reverse sequential pass: dh snapshots, d(v_
                                      split in two launches, ``grad`` and ``grad_wy``: ``split_grad_from``; with
                                      ``block_k`` also over K tiles)
 
+The chunk-parallel launches (``[B, HV, N]``) may instead have ``N / P`` programs that each loop over ``P`` consecutive
+chunks (``RecurrentConfig.chunks_per_program``), so that Triton's pipeline prefetches one chunk's tiles while it
+computes the previous one.
+
 The WY backward needs neither u nor w: with ``v_new = u - w h``, ``dA = -(T^T dv_new) v_new^T`` and
 ``T^T dw = -(T^T dv_new) h^T``, so the backward keeps ``w`` (for the reverse state pass), not ``u``.
 
@@ -757,6 +761,19 @@ class _ChunkOf:
         self.ref[self._index(idx)] = x
 
 
+def _chunk_by_chunk(*refs, kernel, chunk: int, rows: tuple[bool, ...], n_chunks: int, tiled: bool):
+    """``kernel`` run on each of a program's ``n_chunks`` consecutive chunks in turn (``RecurrentConfig.
+    chunks_per_program``); ``refs`` (inputs, then outputs) span those chunks (:class:`_ChunkOf`, ``rows`` per ref).
+    ``tiled``: the grid has a K-tile axis (:func:`_first_k_tile`)."""
+    kw = {"first": _first_k_tile(True)} if tiled else {}
+
+    def one_chunk(r, carry):
+        kernel(*(_ChunkOf(x, r, chunk, row) for x, row in zip(refs, rows, strict=True)), **kw)
+        return carry
+
+    lax.fori_loop(0, n_chunks, one_chunk, 0)
+
+
 def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, causal: bool, tiled: bool,
                         chunk: int, rows: tuple[bool, ...], summed: bool):
     """``kernel`` with the levels over the chunks of one program (:func:`_diagonal_launches`), run only on the chunks
@@ -875,7 +892,7 @@ def _over_chunks(spec: pl.BlockSpec, R: int) -> pl.BlockSpec:
 
 
 def _diagonal_launches(kernel, name: str, launch: Launch, st: Static, grid, in_specs, out_specs, out_shape, *,
-                       gam_index: int, causal: bool, redo_far: bool, dgate: int | None = None):
+                       gam_index: int, causal: bool, redo_far: bool, dgate: int | None = None, per_program: int = 1):
     """-> ``fn(*inputs)``: the launches of a kernel with diagonal row blocks (``kernel(*refs, span=...)``,
     :func:`_block_gram`; ``inputs[gam_index]`` is the gate; ``grid`` ``[B, HV, N]`` or ``[B, HV, N, NK]``). With a
     per-key gate (:func:`_span`) two: one around one reference row per block (``name``), then one with the levels
@@ -886,21 +903,31 @@ def _diagonal_launches(kernel, name: str, launch: Launch, st: Static, grid, in_s
     launch does; no host round trip decides whether it runs. ``redo_far=False``: the first launch alone (its far rows
     wrong; for tests). Otherwise one launch with the levels. Where the kernels sum the gate
     (:func:`gate_sums_in_kernels`) the kernel reads ``inputs[gam_index]`` as sums and, ``dgate`` given, stores its
-    output ``dgate`` (the gate's gradient) reverse-summed (:func:`_summing_gate`)."""
+    output ``dgate`` (the gate's gradient) reverse-summed (:func:`_summing_gate`). ``per_program``: chunks per program
+    of the first launch (:func:`chunks_per_program`; the greatest common divisor of it and N), looped over in turn."""
 
     def run(*inputs):
         span = _span(st, inputs[gam_index], inputs[0].dtype)
         n_in = len(inputs)
         summed = gate_sums_in_kernels(st.cfg, inputs[gam_index].ndim == 4, st.chunk)
         kernel_ = _summing_gate(kernel, st, inputs[gam_index], gam_index, None if dgate is None else n_in + dgate)
-        first = _call(functools.partial(kernel_, span=span), name, launch, st, grid, in_specs, out_specs, out_shape)
+        N = grid[2]
+        rows = tuple(spec.block_shape[1] is not None for spec in in_specs + out_specs)
+        P = math.gcd(N, per_program)
+        if P > 1:
+            first = _call(functools.partial(_chunk_by_chunk, kernel=functools.partial(kernel_, span=span),
+                                            chunk=st.chunk, rows=rows, n_chunks=P, tiled=len(grid) == 4),
+                          name, launch, st, grid[:2] + (N // P,) + grid[3:],
+                          [_over_chunks(spec, P) for spec in in_specs], [_over_chunks(spec, P) for spec in out_specs],
+                          out_shape)
+        else:
+            first = _call(functools.partial(kernel_, span=span), name, launch, st, grid, in_specs, out_specs,
+                          out_shape)
         if not span or not redo_far:
             return first(*inputs)
-        N = grid[2]
         R = math.gcd(N, 1 << (max(1, st.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
         BK = in_specs[gam_index].block_shape[-1]
         flags = pl.BlockSpec((None, None, None, R), lambda b, h, p, kt=0: (b, h, kt, p))
-        rows = tuple(spec.block_shape[1] is not None for spec in in_specs + out_specs)
         levels = functools.partial(_levels_on_far_rows, kernel=functools.partial(kernel_, span=0.0), n_in=n_in,
                                    gam_index=gam_index, span=span, causal=causal, tiled=len(grid) == 4,
                                    chunk=st.chunk, rows=rows, summed=summed)
@@ -1009,7 +1036,7 @@ def wy(st: Static, k, v, gam, beta, q=None, redo_far: bool = True):
         [s.qk(K), s.tok(V), s.gate(), s.vec()] + ([s.qk(K)] if with_p else []),
         [s.tok(V), s.tok(K), s.tok(st.chunk)] + ([s.tok(st.chunk)] if with_p else []),
         [sds((B, T, HV, V), k.dtype), sds((B, T, HV, K), k.dtype), chunk_rows] + ([chunk_rows] if with_p else []),
-        gam_index=2, causal=True, redo_far=redo_far,
+        gam_index=2, causal=True, redo_far=redo_far, per_program=chunks_per_program(st.cfg, K, V),
     )(k, v, gam, beta, *([q] if with_p else [])))
 
 
@@ -1055,7 +1082,7 @@ def output(st: Static, q, k, vn, gam, h, redo_far: bool = True):
         [s.qk(K), s.qk(K), s.tok(V), s.gate(), s.snap(K, V)],
         [s.tok(V)] + ([s.tok(st.chunk)] if per_key else []),
         [sds((B, T, HV, V), vn.dtype)] + ([sds((B, T, HV, st.chunk), q.dtype)] if per_key else []),
-        gam_index=3, causal=True, redo_far=redo_far,
+        gam_index=3, causal=True, redo_far=redo_far, per_program=chunks_per_program(st.cfg, K, V),
     )(q, k, vn, gam, h)
     return outs[0], (outs[1] if per_key else None)
 
@@ -1063,6 +1090,13 @@ def output(st: Static, q, k, vn, gam, h, redo_far: bool = True):
 def _head_dims_from(threshold: int | None, K: int, V: int) -> bool:
     """A config rule on the padded head dims: ``K * V`` at least ``threshold`` (``None``: never)."""
     return threshold is not None and K * V >= threshold
+
+
+def chunks_per_program(cfg: RecurrentConfig, K: int, V: int) -> int:
+    """Chunks each program of the chunk-parallel launches loops over (``K``, ``V``: padded head dims; see
+    ``RecurrentConfig.chunks_per_program``): the config's where ``K * V`` reaches ``chunks_per_program_from``, else
+    1."""
+    return max(1, cfg.chunks_per_program) if _head_dims_from(cfg.chunks_per_program_from, K, V) else 1
 
 
 def hdh_in_state_bwd(cfg: RecurrentConfig, K: int, V: int) -> bool:
@@ -1138,11 +1172,13 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
     wy_shape = [sds((B, T, HV, V), F32), parts if tiled else sds((B, T, HV), F32)]
     hdh_in, hdh_specs = ([], []) if hdh is None else ([hdh], [s.chunk_keys(BK)])
     grad_kernel = functools.partial(_grad_kernel, scale=st.scale, tiled=tiled, hdh=hdh is not None)
+    per_program = chunks_per_program(st.cfg, K, V)
     if not delta or split:
         dq, dk, dgam = _diagonal_launches(
             functools.partial(grad_kernel, delta=False), "grad_bwd", st.cfg.grad, st, grid,
             [s.qk(BK), s.qk(BK), s.gate(BK), s.snap(BK, V), s.snap(BK, V), s.tok(V), s.tok(V)] + hdh_specs,
             out_specs, out_shape, gam_index=2, causal=False, redo_far=redo_far, dgate=None if delta else 2,
+            per_program=per_program,
         )(q, k, gam, h, dh, vn, do, *hdh_in)
         if not delta:
             return dq, dk, summed(dgam, dgam_parts)
@@ -1150,7 +1186,7 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
             functools.partial(_grad_wy_kernel, tiled=tiled), "grad_wy_bwd", st.cfg.grad_wy, st, grid,
             [s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(V), s.tok(st.chunk), s.snap(BK, V), s.tok(V)]
             + out_specs[1:], out_specs[1:] + wy_specs, out_shape[1:] + wy_shape, gam_index=3, causal=False,
-            redo_far=redo_far, dgate=1,
+            redo_far=redo_far, dgate=1, per_program=per_program,
         )(k, v, beta, gam, vn, t, h, dvn, dk, dgam)
         return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
     dq, dk, dgam, dv, dbeta = _diagonal_launches(
@@ -1158,6 +1194,7 @@ def grad(st: Static, q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do, redo_far: b
         [s.qk(BK), s.qk(BK), s.tok(V), s.vec(), s.gate(BK), s.tok(st.chunk), s.snap(BK, V), s.snap(BK, V),
          s.tok(V), s.tok(V), s.tok(V)] + hdh_specs,
         out_specs + wy_specs, out_shape + wy_shape, gam_index=4, causal=False, redo_far=redo_far, dgate=2,
+        per_program=per_program,
     )(q, k, v, beta, gam, t, h, dh, vn, dvn, do, *hdh_in)
     return dq, dk, summed(dgam, dgam_parts), dv, summed(dbeta, tiled)
 

@@ -66,6 +66,13 @@ class RecurrentConfig:
     (a ``[16, 16]`` triangular float32 matmul), and the gradient pass stores the raw gate's gradient (the reverse
     sums), in place of XLA's chunk cumsum and its VJP. At any other chunk (a ``chunk_size`` the caller picks) XLA
     sums the gate as without it. On in the sm90 KDA table.
+    ``chunks_per_program`` (with ``K * V``, padded head dims, at least ``chunks_per_program_from``; ``None``: never):
+    each program of the chunk-parallel launches (``wy``, ``output``, ``grad``, ``grad_wy``; not the levels launches,
+    which take ``levels_chunks``) loops over this many consecutive chunks (the greatest common divisor of it and the
+    chunk count) instead of taking one. With the launch's ``num_stages`` at 2 Triton then prefetches the next chunk's
+    tiles (the state snapshots among them) while it computes one; without the loop the stages change nothing
+    (compiled for sm90 at the KDA model shapes: the same registers and shared memory). On in the sm90 KDA table at
+    K = V = 128 (see there); at K = 32, V = 64 and at GDN's anchor it is slower.
     """
 
     chunk: int = 64
@@ -87,6 +94,8 @@ class RecurrentConfig:
     block_v_bwd: int | None = None
     output_in_state: bool = False
     gate_cumsum_in_kernels: bool = False
+    chunks_per_program: int = 1
+    chunks_per_program_from: int | None = 0
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:
@@ -177,20 +186,27 @@ RECURRENT: dict[str, RecurrentConfig] = {
 # 3.630, 3.362); with them ``grad`` at 4 warps (8 before) 3.232 -> 3.195, 0.592 -> 0.547, 0.953 -> 0.863, and the
 # whole change against the old entry in one process 3.487 -> 3.234, 0.611 -> 0.546, 0.997 -> 0.846 (our GDN anchor
 # 2.104: 1.54x). Not taken: the fused gradient pass 3.220, ``state_bwd_hdh_from=None`` 3.457. ROCm: untimed, off.
+# Round 17 (one process, fwd+bwd ms, the table -> 4 chunks per program with 2 stages in wy, grad and grad_wy): anchor
+# 3.246 -> 2.829 (grad 1.485 -> 1.086, wy 0.306 -> 0.281; our GDN anchor 2.141: 1.52x -> 1.32x), 300M shape 0.551 ->
+# 0.602, 1B shape 0.837 -> 0.905 (2 chunks: 2.872, 0.576, 0.898), so only from K * V = 128 * 128; the GDN table keeps
+# one chunk per program (its anchor 2.141 -> 2.384). ROCm: untimed, off.
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
     "sm90": dataclasses.replace(
         RECURRENT["sm90"],
         chunk=16,
         block_v_bwd=None,
-        wy=Launch(2, 1),
+        wy=Launch(2, 2),
         state=Launch(4, 3),
         output=Launch(2, 3),
         state_bwd=Launch(4, 3),
         split_grad_from=0,
         state_bwd_hdh_from=128 * 128,
-        grad=Launch(4, 1),
+        grad=Launch(4, 2),
+        grad_wy=Launch(4, 2),
         output_in_state=True,
         gate_cumsum_in_kernels=True,
+        chunks_per_program=4,
+        chunks_per_program_from=128 * 128,
     ),
     # KDA's gradient pass keeps 8 warps on ROCm: it spills nothing there (at most 214 VGPRs, offline compile).
     "gfx942": dataclasses.replace(RECURRENT["gfx942"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),

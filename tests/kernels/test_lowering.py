@@ -41,15 +41,17 @@ def _sds(*shape, dtype=jnp.bfloat16):
 def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
                      f32_decay: bool = False, chunk: int | None = None, fused: bool = False,
                      block_k: int | None = None, hdh: bool = False, output_in_state: bool | None = None,
-                     gate_sums: bool | None = None) -> Case:
+                     gate_sums: bool | None = None, per_program: int | None = None) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
     heads, K=V=64, T ragged (200). ``split`` / ``fused``: the gradient pass as two launches / one (else the table's
     rule); ``f32_decay``: KDA's forward decayed products from float32 operands; ``chunk``: instead of the table's
     (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles; ``hdh``: the reverse state
     pass computes ``sum_v h dh`` (``state_bwd_hdh_from``); ``output_in_state``: the forward state pass computes the
     output (``P`` from ``wy``, no output launch); ``gate_sums``: the kernels sum the raw gate
-    (``gate_cumsum_in_kernels``); these two, None: as the table has them (the sm90 KDA table sets both)."""
-    B, T, H, HV, K, V = 1, 200, 2, 4, 64, 64
+    (``gate_cumsum_in_kernels``); these two, None: as the table has them (the sm90 KDA table sets both);
+    ``per_program``: the chunk-parallel launches loop over this many chunks per program (``chunks_per_program``, at
+    T = 256 so that it divides the chunk count)."""
+    B, T, H, HV, K, V = 1, 200 if per_program is None else 256, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
             _sds(B, T, HV), _sds(B, HV, K, V, dtype=jnp.float32))
@@ -64,6 +66,8 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
             config = dataclasses.replace(config, state_bwd_hdh_from=0) if hdh else config
             config = config if output_in_state is None else dataclasses.replace(config, output_in_state=output_in_state)
             config = config if gate_sums is None else dataclasses.replace(config, gate_cumsum_in_kernels=gate_sums)
+            config = config if per_program is None else dataclasses.replace(
+                config, chunks_per_program=per_program, chunks_per_program_from=0)
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
                                     config=config, chunk_size=chunk)
 
@@ -118,6 +122,9 @@ CASES = [
                      split=True, gate_sums=True),
     _recurrence_case("kda_fwd_bwd_fused_grad_gate_sums_in_kernels", delta=True, backward=True, per_key=True,
                      fused=True, gate_sums=True),
+    _recurrence_case("gdn_fwd_bwd_chunks_per_program", delta=True, backward=True, per_program=4),
+    _recurrence_case("kda_fwd_bwd_split_grad_chunks_per_program", delta=True, backward=True, per_key=True, split=True,
+                     per_program=4),
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -361,6 +363,73 @@ def test_kda_one_reference_diagonal_products(strict):
     assert np.all(np.isfinite(g))
     assert rel_rms(g[:8], exact[:8]) <= 1e-6 and rel_rms(g[8:], exact[8:]) > 1e-2
     assert not np.array_equal(np.asarray(gram(mild, 32.0)), np.asarray(gram(mild, 0.0)))
+
+
+def launch_grids(fn, *args) -> dict[str, tuple[int, ...]]:
+    """The grid of each ``pallas_call`` in ``fn(*args)``'s jaxpr (nested ones included), by kernel name."""
+    grids = {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                grids[str(eqn.params["name"])] = tuple(eqn.params["grid_mapping"].grid)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else [param]:
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        walk(sub.jaxpr)
+                    elif isinstance(sub, jax.extend.core.Jaxpr):
+                        walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return grids
+
+
+@pytest.mark.parametrize("kind, T, split, options", [
+    ("gdn", 120, None, {}), ("gla", 64, None, {}), ("kda", 96, 0, {}), ("kda", 64, None, {"output_in_state": True}),
+], ids=["gdn-fused", "gla", "kda-split-six-chunks", "kda-fused-output-in-state"])
+def test_chunks_per_program(kind, T, split, options):
+    """``chunks_per_program=4``: each program of the chunk-parallel launches (``wy``, ``output``, ``grad``,
+    ``grad_wy``) loops over 4 consecutive chunks of 16 (2 where there are 6), and values and gradients are the one-chunk
+    programs' to float32 rounding (on the CPU XLA may round a loop's float32 sums differently). KDA: the gate falls
+    by 100 at row 20, so that the levels launches redo a chunk too."""
+    per_key, delta = kind == "kda", kind != "gla"
+    inputs, weights = make_inputs(31, B=1, T=T, K=32, V=32, per_key=per_key, delta=delta)
+    if per_key:
+        inputs["g"] = inputs["g"].at[:, 20].add(-100.0)
+    one = dataclasses.replace(tuning.recurrent_config(per_key=per_key), split_grad_from=split, **options)
+    looped = dataclasses.replace(one, chunks_per_program=4, chunks_per_program_from=0)
+    N = -(-T // 16)
+    per_program = math.gcd(N, 4)
+
+    def grids(config):
+        fn = pallas(16, config)
+        loss = lambda *xs: jnp.sum(fn(*xs, initial_state=inputs["h0"])[0])
+        return launch_grids(jax.grad(loss, argnums=(0, 1, 2, 3)), *(inputs[n] for n in ("q", "k", "v", "g", "beta")))
+
+    chunk_parallel = {"wy_fwd", "output_fwd", "grad_bwd", "grad_wy_bwd"}
+    one_grids, looped_grids = grids(one), grids(looped)
+    assert set(one_grids) == set(looped_grids) and {"grad_bwd"} <= set(one_grids)
+    assert ("grad_wy_bwd" in one_grids) == (split == 0) and ("output_fwd" in one_grids) != bool(options)
+    for name, grid in one_grids.items():  # the chunk-parallel launches: N programs per head, then N / per_program
+        want = (1, 2, N // per_program) if name in chunk_parallel else grid
+        assert name not in chunk_parallel or grid == (1, 2, N), (name, grid)
+        assert looped_grids[name] == want, (name, grid, looped_grids[name])
+    for x, y in zip(value_and_grads(pallas(16, one), inputs, weights, final_state=True),
+                    value_and_grads(pallas(16, looped), inputs, weights, final_state=True), strict=True):
+        jax.tree.map(lambda a, b: rel_rms(b, a) <= 1e-5 or pytest.fail(f"{rel_rms(b, a)}"), x, y)
+
+
+def test_chunks_per_program_rule():
+    """The loop applies where the padded ``K * V`` reaches ``chunks_per_program_from`` (``None``: never); the sm90 KDA
+    table loops at K = V = 128 only (slower at K = 32, V = 64), its GDN table not at all (slower at its anchor)."""
+    rule = tuning.RecurrentConfig(chunks_per_program=4, chunks_per_program_from=128 * 128)
+    assert chunk_pallas.chunks_per_program(rule, 128, 128) == 4
+    assert chunk_pallas.chunks_per_program(rule, 32, 64) == 1
+    assert chunk_pallas.chunks_per_program(dataclasses.replace(rule, chunks_per_program_from=None), 128, 128) == 1
+    assert chunk_pallas.chunks_per_program(dataclasses.replace(rule, chunks_per_program_from=0), 32, 64) == 4
+    kda = tuning.recurrent_config("sm90", per_key=True)
+    assert (chunk_pallas.chunks_per_program(kda, 128, 128), chunk_pallas.chunks_per_program(kda, 32, 64)) == (4, 1)
+    assert chunk_pallas.chunks_per_program(tuning.recurrent_config("sm90"), 128, 128) == 1
 
 
 def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_chunks: int = 8,
