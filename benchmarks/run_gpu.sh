@@ -41,10 +41,11 @@ SITE=${SITE:-/tmp/site}  # where the wheels and this tree are installed; BENCH: 
 BENCH=${BENCH:-/tmp/bench}  # (other values let two trees' runs share a machine)
 if [ ! -e "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-  # this tree (maps kernels/ to hybrid_jax.kernels), without touching the image's packages
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" . >/dev/null
   touch "$SITE/.installed"
 fi
+# this tree (maps kernels/ to hybrid_jax.kernels), without touching the image's packages; every run, so that a second
+# run on the same machine times the tree as it is now, not as it was at the first
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . >/dev/null
 # the installed tree, not the source checkout, must be what 'import hybrid_jax' finds (the source has no
 # hybrid_jax.kernels): no current directory on sys.path; benchmarks importable from a side folder
 mkdir -p "$BENCH" && ln -sfn "$PWD/benchmarks" "$BENCH/benchmarks"
