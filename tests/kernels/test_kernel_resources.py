@@ -35,8 +35,10 @@ def test_lowered_kernels_carry_the_table_launches():
 # Nsight Compute on the H200 at the 1B KDA shape with the sm90 table (round 10: ``python -m benchmarks.kernel_resources
 # --run --only kda_1b`` under ``ncu --section LaunchStats``): the gradient pass's registers per thread and bytes of
 # shared memory per launch. ``MEASURED``: the table entry as measured then; since round 16 the table sums the gate in
-# the kernels, computes the output in the state pass and runs ``grad`` at 4 warps.
-MEASURED = "output_in_state=false,gate_cumsum_in_kernels=false,grad.num_warps=8"
+# the kernels, computes the output in the state pass and runs ``grad`` at 4 warps, since round 17 ``wy``, ``grad`` and
+# ``grad_wy`` at 2 stages.
+MEASURED = ("output_in_state=false,gate_cumsum_in_kernels=false,grad.num_warps=8,grad.num_stages=1,"
+            "grad_wy.num_stages=1,wy.num_stages=1")
 H200_KDA_1B = {"grad_bwd": (64, 8192), "grad_bwd_levels": (196, 8192), "grad_wy_bwd": (72, 6144),
                "grad_wy_bwd_levels": (196, 6144)}
 
