@@ -386,12 +386,14 @@ def launch_grids(fn, *args) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("kind, T, split, options", [
     ("gdn", 120, None, {}), ("gla", 64, None, {}), ("kda", 96, 0, {}), ("kda", 64, None, {"output_in_state": True}),
-], ids=["gdn-fused", "gla", "kda-split-six-chunks", "kda-fused-output-in-state"])
+    ("kda", 64, 0, {"block_k": 16}),
+], ids=["gdn-fused", "gla", "kda-split-six-chunks", "kda-fused-output-in-state", "kda-split-key-tiles"])
 def test_chunks_per_program(kind, T, split, options):
     """``chunks_per_program=4``: each program of the chunk-parallel launches (``wy``, ``output``, ``grad``,
     ``grad_wy``) loops over 4 consecutive chunks of 16 (2 where there are 6), and values and gradients are the one-chunk
     programs' to float32 rounding (on the CPU XLA may round a loop's float32 sums differently). KDA: the gate falls
-    by 100 at row 20, so that the levels launches redo a chunk too."""
+    by 100 at row 20, so that the levels launches redo a chunk too; ``block_k``: the gradient pass also over two K
+    tiles (a fourth grid axis)."""
     per_key, delta = kind == "kda", kind != "gla"
     inputs, weights = make_inputs(31, B=1, T=T, K=32, V=32, per_key=per_key, delta=delta)
     if per_key:
@@ -409,11 +411,13 @@ def test_chunks_per_program(kind, T, split, options):
     chunk_parallel = {"wy_fwd", "output_fwd", "grad_bwd", "grad_wy_bwd"}
     one_grids, looped_grids = grids(one), grids(looped)
     assert set(one_grids) == set(looped_grids) and {"grad_bwd"} <= set(one_grids)
-    assert ("grad_wy_bwd" in one_grids) == (split == 0) and ("output_fwd" in one_grids) != bool(options)
+    assert ("grad_wy_bwd" in one_grids) == (split == 0)
+    assert ("output_fwd" in one_grids) != options.get("output_in_state", False)
     for name, grid in one_grids.items():  # the chunk-parallel launches: N programs per head, then N / per_program
-        want = (1, 2, N // per_program) if name in chunk_parallel else grid
-        assert name not in chunk_parallel or grid == (1, 2, N), (name, grid)
+        want = grid[:2] + (N // per_program,) + grid[3:] if name in chunk_parallel else grid
+        assert name not in chunk_parallel or grid[:3] == (1, 2, N), (name, grid)
         assert looped_grids[name] == want, (name, grid, looped_grids[name])
+    assert looped_grids["grad_bwd"][3:] == ((2,) if "block_k" in options else ())
     expected, got = (jax.tree.leaves(value_and_grads(pallas(16, c), inputs, weights, final_state=True))
                      for c in (one, looped))
     assert len(got) == len(expected) == 2 + len([n for n in ARGS if inputs[n] is not None])
