@@ -35,3 +35,14 @@ def rel_err(a, b) -> float:
 
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def jaxpr_equations(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it (a closed jaxpr's included)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
+                if hasattr(sub, "eqns"):
+                    yield from jaxpr_equations(sub)

@@ -6,7 +6,6 @@ import dataclasses
 import math
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels import api, chunk_pallas, reference, tuning
 from hybrid_jax.kernels.chunk_pallas import _block_gram, chunk_recurrence
+from tests.conftest import jaxpr_equations
 
 ARGS = ("q", "k", "v", "g", "beta", "h0")
 
@@ -367,21 +367,8 @@ def test_kda_one_reference_diagonal_products(strict):
 
 def launch_grids(fn, *args) -> dict[str, tuple[int, ...]]:
     """The grid of each ``pallas_call`` in ``fn(*args)``'s jaxpr (nested ones included), by kernel name."""
-    grids = {}
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                grids[str(eqn.params["name"])] = tuple(eqn.params["grid_mapping"].grid)
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (tuple, list)) else [param]:
-                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                        walk(sub.jaxpr)
-                    elif isinstance(sub, jax.extend.core.Jaxpr):
-                        walk(sub)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return grids
+    return {str(eqn.params["name"]): tuple(eqn.params["grid_mapping"].grid)
+            for eqn in jaxpr_equations(jax.make_jaxpr(fn)(*args).jaxpr) if eqn.primitive.name == "pallas_call"}
 
 
 @pytest.mark.parametrize("kind, T, split, options", [

@@ -11,7 +11,7 @@ from hybrid_jax.model.kda import KimiDeltaAttention
 from hybrid_jax.model.layers import MLP, GroupRMSNorm, ShortConv
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA, apply_rope, rope_frequencies
-from tests.conftest import load_config, rel_err
+from tests.conftest import jaxpr_equations, load_config, rel_err
 
 KINDS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
 B, T = 2, 40  # the demo's chunk size is 16: three chunks, the last one partial
@@ -235,17 +235,6 @@ def test_group_rms_norm_normalises_each_group_after_the_gate():
     np.testing.assert_allclose(out / np.sign(gated), np.abs(out), rtol=1e-6)  # same signs: the gate came first
 
 
-def _eqns(jaxpr):
-    """Every equation of ``jaxpr`` and of the jaxprs nested in it."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, tuple | list) else (value,):
-                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
-                if hasattr(sub, "eqns"):
-                    yield from _eqns(sub)
-
-
 def test_mlp_is_swiglu_without_an_activation_sized_concatenate(cfg):
     """The MLP computes ``fc2(silu(gate) * up)`` with ``[gate | up] = x fc1``, and its gradient (input and weights)
     concatenates nothing as large as ``[B, T, 2F]`` (two matmuls on the halves of fc1, not one split in two)."""
@@ -261,5 +250,5 @@ def test_mlp_is_swiglu_without_an_activation_sized_concatenate(cfg):
         return jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(state, x).jaxpr
-    sizes = [int(np.prod(e.outvars[0].aval.shape)) for e in _eqns(jaxpr) if e.primitive.name == "concatenate"]
+    sizes = [int(np.prod(e.outvars[0].aval.shape)) for e in jaxpr_equations(jaxpr) if e.primitive.name == "concatenate"]
     assert all(size < B * T * 2 * cfg.ffn_size for size in sizes), sizes
