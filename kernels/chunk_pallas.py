@@ -761,14 +761,22 @@ class _ChunkOf:
         self.ref[self._index(idx)] = x
 
 
-def _chunk_by_chunk(*refs, kernel, chunk: int, rows: tuple[bool, ...], n_chunks: int, tiled: bool):
+def _chunk_by_chunk(*refs, kernel, chunk: int, rows: tuple[bool, ...], n_chunks: int, tiled: bool, first=None,
+                    when=None):
     """``kernel`` run on each of a program's ``n_chunks`` consecutive chunks in turn (``RecurrentConfig.
-    chunks_per_program``); ``refs`` (inputs, then outputs) span those chunks (:class:`_ChunkOf`, ``rows`` per ref).
-    ``tiled``: the grid has a K-tile axis (:func:`_first_k_tile`)."""
-    kw = {"first": _first_k_tile(True)} if tiled else {}
+    chunks_per_program``, and the levels launches); ``refs`` (inputs, then outputs) span those chunks
+    (:class:`_ChunkOf`, ``rows`` per ref). ``tiled``, ``first``: see :func:`_first_k_tile`; ``when``: ``r -> bool``,
+    run on chunk ``r`` only where it holds (default: on every chunk)."""
+    kw = {"first": _first_k_tile(True, first)} if tiled else {}
 
     def one_chunk(r, carry):
-        kernel(*(_ChunkOf(x, r, chunk, row) for x, row in zip(refs, rows, strict=True)), **kw)
+        def run():
+            kernel(*(_ChunkOf(x, r, chunk, row) for x, row in zip(refs, rows, strict=True)), **kw)
+
+        if when is None:
+            run()
+        else:
+            pl.when(when(r))(run)
         return carry
 
     lax.fori_loop(0, n_chunks, one_chunk, 0)
@@ -785,22 +793,16 @@ def _levels_on_far_rows(*refs, kernel, n_in: int, gam_index: int, span: float, c
     (:func:`gate_sums_in_kernels`)."""
     n_out = (len(refs) - n_in - 1) // 2
     ins, flags, outs = refs[:n_in], refs[n_in], refs[n_in + 1 + n_out:]
-    kw = {"first": _first_k_tile(True)} if tiled else {}
 
-    def one_chunk(r, carry):
-        def levels():
-            views = [_ChunkOf(x, r, chunk, row) for x, row in zip(ins, rows[:n_in], strict=True)]
-            gate = _SummedGate(views[gam_index]) if summed else views[gam_index]
-            far = _far_blocks(_blocks(gate, per_key=True), span, causal)
-            kernel(*views, *(_FarRowsOnly(_ChunkOf(x, r, chunk, row), far)
-                             for x, row in zip(outs, rows[n_in:], strict=True)), **kw)
+    def redo_far_rows(*views, **kw):
+        gate = _SummedGate(views[gam_index]) if summed else views[gam_index]
+        far = _far_blocks(_blocks(gate, per_key=True), span, causal)
+        kernel(*views[:n_in], *(_FarRowsOnly(x, far) for x in views[n_in:]), **kw)
 
-        pl.when(jnp.max(flags[pl.ds(r, 1)]) > 0)(levels)
-        return carry
-
-    @pl.when(jnp.max(flags[...]) > 0)
-    def _():
-        lax.fori_loop(0, flags.shape[0], one_chunk, 0)
+    pl.when(jnp.max(flags[...]) > 0)(functools.partial(
+        _chunk_by_chunk, *ins, *outs, kernel=redo_far_rows, chunk=chunk, rows=rows, n_chunks=flags.shape[0],
+        tiled=tiled, first=_first_k_tile(tiled),  # program ids are read outside pl.when (interpret mode)
+        when=lambda r: jnp.max(flags[pl.ds(r, 1)]) > 0))
 
 
 def _far_chunks(gam: jax.Array, span: float, C: int, BK: int, cumulated: bool = True) -> jax.Array:
