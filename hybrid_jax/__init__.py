@@ -12,7 +12,7 @@ __all__ = ["load"]
 
 def __getattr__(name: str) -> Any:
     if name == "load":
-        from hybrid_jax.train.load import load
+        from hybrid_jax.checkpoints import load
 
         return load
     raise AttributeError(f"module 'hybrid_jax' has no attribute {name!r}")

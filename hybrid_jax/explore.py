@@ -42,6 +42,7 @@ from matplotlib.figure import Figure
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
+from hybrid_jax.checkpoints import load
 from hybrid_jax.config import load_config_file
 from hybrid_jax.data.mock import SUCCESSOR_PROBS, MarkovSequences
 from hybrid_jax.data.tokenizer import Tokenizer, load_tokenizer
@@ -59,8 +60,6 @@ def load_model(workdir: str | Path | None = None, config: str | Path | ConfigDic
                seed: int = 0) -> tuple[HybridLM, ConfigDict]:
     """The checkpoint in ``workdir`` (newest step, via ``hybrid_jax.load``), else a random init of ``config``."""
     if workdir:
-        from hybrid_jax.train.load import load
-
         return load(workdir)
     if config is None:
         raise ValueError("load_model needs a workdir (a trained run) or a config (file path or ConfigDict)")

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
+from hybrid_jax.checkpoints import load
 from hybrid_jax.data.tokenizer import Tokenizer, load_tokenizer
 from hybrid_jax.model import HybridLM
 from hybrid_jax.model.cache import Cache, compile_decoder
@@ -289,8 +290,6 @@ def chat(gen: Generator, codec: Codec, args: argparse.Namespace, key: jax.Array)
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from hybrid_jax.train.load import load
-
     model, config = load(args.workdir, args.step)
     codec = Codec(load_tokenizer(config.data.tokenizer) if config.data.tokenizer else None)
     if args.check:

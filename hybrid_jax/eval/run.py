@@ -77,15 +77,11 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
 
 
 def _jax_lm(workdir: str | Path, step: int | None, batch_size: int):
+    from hybrid_jax.checkpoints import latest_step, load
     from hybrid_jax.data.tokenizer import check_vocab, load_tokenizer
     from hybrid_jax.eval.lm import HybridJaxLM
-    from hybrid_jax.train.checkpoint import Checkpointer
-    from hybrid_jax.train.load import load
 
-    if step is None:
-        checkpointer = Checkpointer(workdir, read_only=True)
-        step = checkpointer.latest_step()
-        checkpointer.close()
+    step = latest_step(workdir) if step is None else step
     model, config = load(workdir, step)
     if not config.data.tokenizer:
         raise ValueError(f"the run in {workdir} has no tokenizer (data.tokenizer is empty): nothing to score text with")

@@ -13,6 +13,7 @@ from pathlib import Path
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax import checkpoints
 from hybrid_jax.config import to_json
 from hybrid_jax.export import fla, hf
 from hybrid_jax.export.tensors import DTYPES, ExportError, check_tensors, flat_params, save_safetensors
@@ -57,15 +58,9 @@ def export_model(model: nnx.Module, config: ConfigDict, out: str | Path, *, fmt:
 def export(workdir: str | Path, out: str | Path, *, step: int | None = None, fmt: str = "hf",
            dtype: str = "fp32") -> Path:
     """Export the checkpoint of ``workdir`` at ``step`` (default: the newest) into ``out``."""
-    from hybrid_jax.train.checkpoint import Checkpointer
-    from hybrid_jax.train.load import load
-
     workdir = Path(workdir)
-    if step is None:
-        checkpointer = Checkpointer(workdir, read_only=True)
-        step = checkpointer.latest_step()
-        checkpointer.close()
-    model, config = load(workdir, step)
+    step = checkpoints.latest_step(workdir) if step is None else step
+    model, config = checkpoints.load(workdir, step)
     return export_model(model, config, out, fmt=fmt, dtype=dtype, step=step, metrics=read_metrics(workdir))
 
 

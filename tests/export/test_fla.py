@@ -28,8 +28,8 @@ def test_fla_round_trip_is_identical(kind, tmp_path):
     tensors = load_safetensors(tmp_path / "fla")
     assert tensors["model.layers.1.attn.b_proj.weight"].shape == (cfg.model[kind].num_value_heads, 64)
 
+    from hybrid_jax.checkpoints import load
     from hybrid_jax.export.__main__ import main
-    from hybrid_jax.train.load import load
 
     main(["--from-fla", str(tmp_path / "fla"), "--workdir", str(tmp_path / "run"), "--config",
           str(REPO / "configs" / "demo.py")])  # CLI import

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import hybrid_jax
+from hybrid_jax.checkpoints import CheckpointReader
 from hybrid_jax.train.checkpoint import Checkpointer
 from hybrid_jax.train.loop import train
 from hybrid_jax.train.optim import learning_rate_schedule
@@ -57,6 +58,8 @@ def test_keeps_newest_checkpoints_and_saves_config_and_metrics(straight):
     np.testing.assert_allclose([r["lr"] for r in records][-1], learning_rate_schedule(tiny_config().train)(39))
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [20, 30, 40]  # save_every 10, keep_checkpoints 3
+    with CheckpointReader(workdir) as reader:
+        assert reader.steps() == steps and reader.latest_step() == 40
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["model"]["pattern"] == "*-G-" and saved["train"]["steps"] == 40
     assert list((workdir / "tensorboard").iterdir())
@@ -67,11 +70,11 @@ def test_load_returns_the_trained_model(straight):
     model, config = hybrid_jax.load(workdir)
     assert config.model.hidden_size == 32 and config.train.steps == 40
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    saved = Checkpointer(workdir, read_only=True).restore(
-        {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)},
-        None,
-        step=30,
-    )["params"]
+    with CheckpointReader(workdir) as reader:
+        saved = reader.restore(
+            {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)},
+            step=30,
+        )["params"]
     assert not np.array_equal(params["embed"]["embedding"], saved["embed"]["embedding"])  # newest is step 40
     model30, _ = hybrid_jax.load(workdir, step=30)
     np.testing.assert_array_equal(model30.embedding, saved["embed"]["embedding"])
