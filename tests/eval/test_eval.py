@@ -21,9 +21,9 @@ def run_dir(shared_data, tmp_path_factory):
     stands in for training (the trainer's own tests cover training)."""
     from flax import nnx
 
-    from hybrid_jax.export.import_fla import write_workdir
     from hybrid_jax.export.tensors import flat_params
     from hybrid_jax.model import HybridLM
+    from hybrid_jax.train.warm_start import write_workdir
 
     cfg = load_config("demo")
     cfg.model.update(dict(vocab_size=32000, pattern="*-G-", num_layers=4))  # MLA + GDN: fewer compiles than the demo
