@@ -110,8 +110,8 @@ def export_to_fla(kind: str, tmp: Path) -> dict:
 def fla_init_first_loss(kind: str, tmp: Path) -> dict:
     from transformers import AutoConfig
 
+    from hybrid_jax.checkpoints import load
     from hybrid_jax.export.fla import fla_config
-    from hybrid_jax.train.load import load
     from hybrid_jax.train.loop import train
 
     cfg = small_config(kind, workdir=str(tmp / "run"))

@@ -217,8 +217,8 @@ def main() -> None:
 
     from hybrid_jax.data import make_train_iterator
     from hybrid_jax.export import import_fla
-    from hybrid_jax.export.torch_parity import train_torch
     from hybrid_jax.train.optim import learning_rate_schedule
+    from tests.export.torch_parity import train_torch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
