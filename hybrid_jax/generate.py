@@ -6,7 +6,8 @@
         [--temperature 0.8 --top-p 0.95 --seed 0]            temperature 0: greedy
     python -m hybrid_jax.generate --workdir DIR --prompt-ids 1,2,3     a run without tokenizer (mock data)
     python -m hybrid_jax.generate --workdir DIR --chat                 interactive: one turn per stdin line
-    python -m hybrid_jax.generate --workdir DIR --check [--hf EXPORT]  validation loss + greedy "capital of France"
+    python -m hybrid_jax.generate --workdir DIR --check --docs FILE.jsonl [--hf EXPORT]
+        validation loss on the documents + greedy "capital of France" (a mock-data run: no --docs, mock sequences)
 
 The prompt is encoded with the run's tokenizer (``config.data.tokenizer``) after the end-of-text id that separates
 training documents. Tokens stream to stdout as they are sampled; timings go to stderr. Decoding runs the model's
@@ -35,8 +36,6 @@ from hybrid_jax.model import HybridLM
 from hybrid_jax.model.cache import Cache, compile_decoder
 
 CHECK_PROMPT = "The capital of France is"
-# The validation documents beside a source checkout (used by --check when present).
-DEFAULT_DOCS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "validation" / "fineweb_300docs.jsonl"
 
 
 # --------------------------------------------------------------------------------------------- sampling
@@ -164,7 +163,7 @@ def report(stats: dict, prefill_s: float, prompt_len: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------- --check
-def validation_docs(config: ConfigDict, codec: Codec, path: Path, n: int) -> list[list[int]]:
+def validation_docs(config: ConfigDict, codec: Codec, path: Path | None, n: int) -> list[list[int]]:
     """``n`` documents as ids (eos first, at most ``seq_len + 1`` tokens): the jsonl file's ``text`` with the
     run's tokenizer, or mock-chain sequences (indices far from the training stream's) without one."""
     if codec.tokenizer is None:
@@ -211,10 +210,13 @@ def greedy_full(logits_fn: Callable[[np.ndarray], np.ndarray], prompt: list[int]
 def check(model: HybridLM, config: ConfigDict, codec: Codec, args: argparse.Namespace) -> dict:
     """Print validation loss and the greedy continuation of :data:`CHECK_PROMPT` (JAX; the HF export too with
     ``--hf``). Returns the numbers (``loss``, ``greedy`` ids, and ``hf_loss`` / ``hf_greedy`` with ``--hf``)."""
-    docs_path = Path(args.docs) if args.docs else DEFAULT_DOCS
+    docs_path = Path(args.docs) if args.docs else None
     if codec.tokenizer is None:
         print("run used mock data (no tokenizer): validation = mock-chain sequences, prompt and output are token ids")
         prompt = validation_docs(config, codec, docs_path, 1)[0][:8]
+    elif docs_path is None:
+        raise SystemExit("--check of a run with a tokenizer needs validation documents: give --docs FILE.jsonl "
+                         "(one JSON object with a 'text' field per line)")
     elif not docs_path.is_file():
         raise SystemExit(f"validation documents not found at {docs_path} (give --docs FILE.jsonl)")
     else:
@@ -252,7 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chat", action="store_true", help="interactive: each stdin line is a turn")
     p.add_argument("--check", action="store_true", help="validation loss + greedy continuation of a fixed prompt")
     p.add_argument("--hf", default=None, help="with --check: an exported HF directory to check as well")
-    p.add_argument("--docs", default=None, help="with --check: validation documents (jsonl with 'text')")
+    p.add_argument("--docs", default=None, help="with --check: validation documents (jsonl with 'text'); needed "
+                   "unless the run used mock data")
     p.add_argument("--check-docs", type=int, default=4, help="with --check: number of validation documents")
     args = p.parse_args(argv)
     if not (args.check or args.chat) and args.prompt is None and args.prompt_ids is None:

@@ -67,6 +67,13 @@ def test_check_prints_loss_and_greedy(workdir, capsys):
     assert len(result["greedy"]) == 5
 
 
+def test_check_with_a_tokenizer_needs_docs(workdir):
+    model, config = __import__("hybrid_jax").load(workdir)
+    args = generate.parse_args(["--workdir", str(workdir), "--check"])
+    with pytest.raises(SystemExit, match="needs validation documents: give --docs FILE.jsonl"):
+        generate.check(model, config, generate.Codec(object()), args)  # any tokenizer: refused before it is used
+
+
 def test_check_of_hf_export_agrees(workdir, tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
