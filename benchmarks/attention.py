@@ -3,24 +3,25 @@
 Forward and forward+backward, bf16, B8 T2048, at H16 D128 and the MLA shapes of the 300M (H16, Dqk 64, Dv 64),
 1B (H32, 64/64) and 3B (H24, 128/128) configs. First checks the GPU results (values and the three gradients,
 also at ragged T and Dqk != Dv) against the float32 XLA reference. ``--sweep`` first tries a few block configs
-per kernel (coordinate descent at H16, per head dim) and times the best beside the table's. Writes
-``$OUT/ours_attention.json`` and prints a table. ``--smoke`` runs tiny shapes (interpreted on CPU).
+per kernel (coordinate descent at H16, per head dim) and times the best beside the table's. Prints a table and
+saves the record ``attention`` (rewritten after each shape, so a time limit keeps the shapes done). ``--smoke``
+runs tiny shapes (interpreted on CPU). The reference, PyTorch SDPA at the same shapes, is
+``python -m benchmarks fla_reference --attention-only`` (its own process: ``run`` puts both in one command).
 
-    python3 -m benchmarks.attention [--sweep] [--smoke]
+    python -m benchmarks attention [--sweep] [--smoke] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import record
 from benchmarks.shapes import ATTENTION_SHAPES as SHAPES
 from hybrid_jax import kernels
 from hybrid_jax.kernels import flash_attention as flash
@@ -143,14 +144,14 @@ def sweep(shape, interpret: bool, budget_s: float) -> tuple[tuning.AttentionConf
     return best, log
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks attention", description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="try CANDIDATES and time the best beside the table")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (interpreted when no GPU)")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    args = parser.parse_args(argv)
     gpu = jax.default_backend() == "gpu"
     interpret = not gpu
-    out_dir = os.environ.get("OUT", ".")
     shapes = {n: (1, 128, 2, dqk, dv) for n, (_, _, _, dqk, dv) in SHAPES.items()} if args.smoke else SHAPES
     if args.smoke:
         CHECKS[:] = [(1, 100, 2, 48, 32, jnp.bfloat16, True)]
@@ -158,8 +159,7 @@ def main() -> None:
     result = dict(device=dev.device_kind, jax=jax.__version__, arch=tuning.current_arch(), checks=check(interpret, gpu))
 
     def dump():
-        with open(os.path.join(out_dir, "ours_attention.json"), "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        record.save("attention", result, out=args.out)
 
     dump()
     configs = {}  # head dim class -> {label: AttentionConfig}
@@ -201,7 +201,6 @@ def main() -> None:
                     flush=True,
                 )
         dump()
-    print(f"\nwrote {out_dir}/ours_attention.json")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Throughput of the data path: ``prepare`` (tokens/s) and the Grain pipeline from prepared shards (batches/s).
 
-    python benchmarks/data_pipeline.py --input 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model \\
+    python -m benchmarks data_pipeline --input 'fineweb/*.parquet' --tokenizer llama2/tokenizer.model \\
         --output /tmp/fineweb_llama2 --seq-len 2048 --batch-size 64 --workers 0 2
 
-Without ``--input`` it measures the pipeline on an existing ``--output``. Prints one JSON line per measurement.
+Without ``--input`` it measures the pipeline on an existing ``--output``. Prints one JSON line per measurement and
+saves them as the record ``data_pipeline``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 import time
 
+from benchmarks import record
 from hybrid_jax.config import base_config
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.data.prepare import open_documents, prepare
@@ -37,8 +39,8 @@ def measure_pipeline(path: str, seq_len: int, batch_size: int, workers: int, ste
                 batches_per_s=steps / seconds, tokens_per_s=steps * batch.shape[0] * seq_len / seconds)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks data_pipeline", description=__doc__.split("\n")[0])
     p.add_argument("--input", help="documents to prepare first (parquet/jsonl glob); omit to reuse --output")
     p.add_argument("--tokenizer")
     p.add_argument("--output", required=True)
@@ -47,16 +49,20 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64, help="sequences per batch")
     p.add_argument("--workers", type=int, nargs="+", default=[0], help="data.num_workers values to measure")
     p.add_argument("--steps", type=int, default=200)
-    args = p.parse_args()
+    p.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    args = p.parse_args(argv)
+    results = []
     if args.input:
         m = prepare(open_documents(args.input), args.tokenizer, args.output, workers=args.prepare_workers,
                     force=True, source=args.input, progress=False)
-        print(json.dumps(dict(what="prepare", input=args.input, tokenizer=args.tokenizer,
-                              workers=args.prepare_workers, documents=m["num_documents"], tokens=m["num_tokens"],
-                              seconds=m["seconds"], tokens_per_s=m["num_tokens"] / m["seconds"])), flush=True)
+        results.append(dict(what="prepare", input=args.input, tokenizer=args.tokenizer,
+                            workers=args.prepare_workers, documents=m["num_documents"], tokens=m["num_tokens"],
+                            seconds=m["seconds"], tokens_per_s=m["num_tokens"] / m["seconds"]))
+        print(json.dumps(results[-1]), flush=True)
     for workers in args.workers:
-        print(json.dumps(measure_pipeline(args.output, args.seq_len, args.batch_size, workers, args.steps)),
-              flush=True)
+        results.append(measure_pipeline(args.output, args.seq_len, args.batch_size, workers, args.steps))
+        print(json.dumps(results[-1]), flush=True)
+    record.save("data_pipeline", {"measurements": results}, out=args.out)
 
 
 if __name__ == "__main__":

@@ -1,38 +1,31 @@
 """Decoding: cache memory per token of context, and decode tokens/s of the cache path.
 
-    python benchmarks/decode.py --memory [--context 2048]
+    python -m benchmarks decode --memory [--context 2048]
         cache bytes of every published config (no parameters allocated): MLA latent + rope key per token against
-        the full per-head K/V an uncompressed cache would hold, and the fixed-size recurrent states
-    python benchmarks/decode.py --config configs/zebra_300m_gdn.py [--batch 1,64] [--context 2048] [--steps 64]
+        the full per-head K/V an uncompressed cache would hold, and the fixed-size recurrent states (a table and
+        the record ``decode_memory``)
+    python -m benchmarks decode --config configs/zebra_300m_gdn.py [--batch 1,64] [--context 2048] [--steps 64]
         random-initialised model (parameters cast to the compute dtype): prefill ``context`` tokens per sequence,
-        then ``steps`` jitted greedy decode steps; prints one JSON object per batch size (written to ``--out`` or
-        ``$OUT/decode.json``). Timed steps exclude ``--warmup`` steps (compilation).
+        then ``steps`` jitted greedy decode steps; prints one JSON object per batch size and saves them as the
+        record ``decode_<model name>``. Timed steps exclude ``--warmup`` steps (compilation).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
 from flax import nnx
-from ml_collections import ConfigDict, config_flags
+from ml_collections import ConfigDict
 
+from benchmarks import configs, record
 from hybrid_jax.config import load_config_file
 from hybrid_jax.model import HybridLM, count_params, sublayer_kinds
 from hybrid_jax.model.cache import cache_bytes, compile_decoder
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py) for the throughput run")
-_MEMORY = flags.DEFINE_bool("memory", False, "print the cache memory table of the published configs")
-_BATCH = flags.DEFINE_list("batch", ["1", "64"], "batch sizes")
-_CONTEXT = flags.DEFINE_integer("context", 2048, "prompt tokens per sequence (and the memory table's context)")
-_STEPS = flags.DEFINE_integer("steps", 64, "timed decode steps")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "untimed decode steps first")
-_OUT = flags.DEFINE_string("out", "", "JSON output path (default $OUT/decode.json when $OUT is set)")
 
 CONFIGS = ("zebra_300m_gdn", "zebra_300m_gdn_hybrid", "zebra_300m_kda", "zebra_300m_mamba2_hybrid", "zebra_1b_gdn",
            "zebra_1b_kda", "zebra_1b_mamba2_hybrid", "zebra_3b", "zebra_8b")
@@ -54,16 +47,18 @@ def cache_memory(model_cfg: ConfigDict, context: int) -> dict:
                 recurrent_state_bytes=fixed, total_bytes_at_context=fixed + per_token * context)
 
 
-def memory_table(context: int) -> None:
+def memory_table(context: int) -> dict:
+    rows = {}
     print(f"| config | params | MLA / recurrent layers | MLA cache per token (latent) | full K/V per token | "
           f"recurrent state (fixed) | total per sequence at {context} |")
     print("|---|---|---|---|---|---|---|")
     for name in CONFIGS:
-        r = cache_memory(load_config_file(CONFIG_DIR / f"{name}.py").model, context)
+        r = rows[name] = cache_memory(load_config_file(CONFIG_DIR / f"{name}.py").model, context)
         ratio = f" ({r['full_kv_bytes_per_token'] / r['latent_bytes_per_token']:.1f}x)" if r["mla_layers"] else ""
         print(f"| {name} | {r['params_m']}M | {r['mla_layers']} / {r['recurrent_layers']} | "
               f"{r['latent_bytes_per_token']:,} B | {r['full_kv_bytes_per_token']:,} B{ratio} | "
               f"{r['recurrent_state_bytes'] / 2**20:,.2f} MiB | {r['total_bytes_at_context'] / 2**20:,.1f} MiB |")
+    return dict(context=context, configs=rows)
 
 
 def throughput(config: ConfigDict, batch: int, context: int, steps: int, warmup: int) -> dict:
@@ -93,20 +88,28 @@ def throughput(config: ConfigDict, batch: int, context: int, steps: int, warmup:
                 cache_mib=round(cache_bytes(cache) / 2**20, 1))
 
 
-def main(argv) -> None:
-    del argv
-    if _MEMORY.value:
-        memory_table(_CONTEXT.value)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks decode", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--memory", action="store_true", help="the cache memory table of the published configs")
+    ap.add_argument("--config", default=None, help="a config file (configs/*.py) for the throughput run; "
+                    "overrides: --config.KEY=VALUE")
+    ap.add_argument("--batch", default="1,64", help="comma list of batch sizes")
+    ap.add_argument("--context", type=int, default=2048, help="prompt tokens per sequence (and the table's context)")
+    ap.add_argument("--steps", type=int, default=64, help="timed decode steps")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed decode steps first")
+    ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    args, overrides = configs.parse(ap, argv)
+    if args.memory:
+        record.save("decode_memory", memory_table(args.context), out=args.out)
         return
-    if _CONFIG.value is None:
-        raise app.UsageError("give --memory or --config CONFIG")
-    results = [throughput(_CONFIG.value, int(b), _CONTEXT.value, _STEPS.value, _WARMUP.value) for b in _BATCH.value]
+    if args.config is None:
+        ap.error("give --memory or --config CONFIG")
+    config = configs.load(args.config, overrides)
+    results = [throughput(config, int(b), args.context, args.steps, args.warmup) for b in args.batch.split(",")]
     for r in results:
         print(json.dumps(r))
-    out = _OUT.value or (os.path.join(os.environ["OUT"], "decode.json") if os.environ.get("OUT") else "")
-    if out:
-        Path(out).write_text(json.dumps(results, indent=1))
+    record.save(f"decode_{config.model.name}", {"runs": results}, out=args.out)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main()

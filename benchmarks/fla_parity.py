@@ -1,6 +1,6 @@
 """FLA-side parity on a GPU with ``flash-linear-attention`` installed (pure GDN and pure KDA, float32 and bf16).
 
-    python benchmarks/fla_parity.py [--kinds gdn,kda] [--out results.json]
+    python -m benchmarks fla_parity [--kinds gdn,kda] [--out DIR]
 
 For each kind, on a small model (hidden 512, 4 FLA layers = 8 of our sublayers, Llama-2 vocabulary size):
 
@@ -17,14 +17,13 @@ noise floor, i.e. the relative RMS distance between our own bf16 and float32 log
 implementations each that far from the exact result; an a-priori 2e-2 bound was below that floor, which is ~2-4%
 for these 8-sublayer random models); step-1 loss relative difference <= 2e-3.
 
-Prints one JSON object per kind and writes them all to ``--out`` (or ``$OUT/fla_parity.json``).
+Prints one JSON object per check and saves them all as the record ``fla_parity``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from flax import nnx
 
+from benchmarks import record
 from hybrid_jax.config import base_config
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.export import export_model, import_fla
@@ -137,11 +137,11 @@ def fla_init_first_loss(kind: str, tmp: Path) -> dict:
                 **result, ok=diff <= LOSS_TOL and result["logits_ok"])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kinds", default="gdn,kda")
-    p.add_argument("--out", default=str(Path(os.environ.get("OUT", ".")) / "fla_parity.json"))
-    args = p.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks fla_parity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kinds", default="gdn,kda", help="comma list of gdn, kda")
+    p.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    args = p.parse_args(argv)
     results = []
     for kind in args.kinds.split(","):
         for check in (export_to_fla, fla_init_first_loss):
@@ -152,7 +152,7 @@ def main() -> None:
                     result = dict(check=check.__name__, kind=kind, ok=False, error=f"{type(e).__name__}: {e}")
             print(json.dumps(result), flush=True)
             results.append(result)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    record.save("fla_parity", {"checks": results, "ok": all(r["ok"] for r in results)}, out=args.out)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,29 @@
 """The reference side of our kernel benchmarks: FLA's Triton kernels and PyTorch SDPA at the shapes we time.
 
-    python3 -m benchmarks.fla_reference [--only NAME ...] [--no-attention]
+    python -m benchmarks fla_reference [--only NAME ...] [--no-attention | --attention-only] [--out DIR]
 
-Run it in the same device command as ``benchmarks.kernels`` / ``benchmarks.attention`` (same GPU) so the ratios
-compare like with like. Inputs follow the reference's anchor script: bf16, ``k`` L2-normalised, ``g =
+Run it in the same device command as ``kernels`` / ``attention`` (same GPU, e.g. ``python -m benchmarks run
+'kernels --only kda_anchor' 'fla_reference --only kda_anchor --no-attention'``) so the ratios compare like with
+like. Inputs follow the reference's anchor script: bf16, ``k`` L2-normalised, ``g =
 logsigmoid(randn) / 16`` (float32, per key channel for KDA), ``beta = sigmoid(rand)``; fwd+bwd = the gradients of
 every input for a random ``do``; ``triton.testing.do_bench`` (warm-up 10, 50 ms of repeats). FLA's GDN and KDA
 kernels fuse the q/k L2 norm (``use_qk_l2norm_in_kernel=True``), as ours does. Grouped value heads (``HV > H``)
 are passed to FLA as its models do: q/k repeated to ``HV`` heads first (the repeat is inside the timed call).
 Attention: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` with whatever backend PyTorch picks
 (``[B, H, T, D]`` layout, its native one). Timing only: FLA's Hopper guard on its gated backward under
-Triton < 3.7.1 is lifted, so these numbers are not correctness references. Writes ``$OUT/fla_reference.json``.
+Triton < 3.7.1 is lifted, so these numbers are not correctness references. Saves the record ``fla_reference``
+(rewritten after each shape: FLA's autotuning can take minutes per shape, and a time limit keeps what is done).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from benchmarks import record
 from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
 
 DEV, BF16 = "cuda", torch.bfloat16
@@ -102,13 +102,15 @@ def shapes_in_order(only: list[str] | None) -> list:
     return [by_name[n] for n in only] if only else list(SHAPES)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks fla_reference", description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=None,
                     help="recurrent shape names (benchmarks/shapes.py), timed in this order")
     ap.add_argument("--no-attention", action="store_true", help="skip the SDPA rows")
     ap.add_argument("--attention-only", action="store_true", help="only the SDPA rows")
-    args = ap.parse_args()
+    ap.add_argument("--name", default="fla_reference", help="the record's name")
+    ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    args = ap.parse_args(argv)
     import fla
 
     # These are timings only (correctness is checked against our naive recurrences), so the guard is lifted as the
@@ -124,7 +126,6 @@ def main() -> None:
         cases += [
             (f"sdpa {name}", lambda shape=shape: attention_case(*shape)) for name, shape in ATTENTION_SHAPES.items()
         ]
-    out = Path(os.environ.get("OUT", ".")) / "fla_reference.json"
     results = {}
     for name, make in cases:
         try:
@@ -136,9 +137,8 @@ def main() -> None:
         except Exception as e:  # one shape FLA cannot run must not hide the others
             results[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{name:<28} FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
-        out.write_text(json.dumps(results, indent=1))
+        record.save(args.name, results, out=args.out)
         torch.cuda.empty_cache()
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """Loss parity with FLA (or our PyTorch export) over a short training run: same weights, batches and optimizer.
 
-    python3 -m benchmarks.loss_parity [--reference fla|hf] [--config configs/zebra_300m_gdn.py] [--steps 200] \
-        [--batch 8] [--seq-len 2048] [--tol 0.01] [--data TOKENS_DIR] [--lift-fla-guard] [--reference-losses JSON]
+    python -m benchmarks loss_parity [--reference fla|hf] [--config configs/zebra_300m_gdn.py] [--steps 200] \
+        [--batch 8] [--seq-len 2048] [--tol 0.01] [--data TOKENS_DIR] [--lift-fla-guard] [--reference-losses JSON] \
+        [--out DIR]
 
-Needs a GPU with ``flash-linear-attention`` and PyTorch; both frameworks share the GPU, so run it with
-``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (JAX otherwise takes 75% of the memory up front). FLA's model of the
-config (``GatedDeltaNetForCausalLM`` or ``KDAForCausalLM``, built from our export's ``config.json`` fields) is
-initialised by FLA (seed 0), saved and imported into a fresh workdir with :func:`hybrid_jax.export.import_fla`.
+Needs a GPU with ``flash-linear-attention`` and PyTorch; both frameworks share the GPU, so JAX is started without
+preallocating its memory (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, set here; it otherwise takes 75% up front).
+FLA's model of the config (``GatedDeltaNetForCausalLM`` or ``KDAForCausalLM``, built from our export's
+``config.json`` fields) is initialised by FLA (seed 0), saved and imported into a fresh workdir with
+:func:`hybrid_jax.export.import_fla`.
 Then both train ``--steps`` steps on the same batches (our trainer's iterator: mock, or ``--data``) with the
 recipe's optimizer (linear warmup over 10% of the steps, then cosine to ``min_lr``), float32 master weights and bf16
 compute (ours: the config's dtype; the reference: autocast). Ours is the real trainer
 (``hybrid_jax.train.loop.train``, a loss per step from ``metrics.jsonl``); the reference's is
-:func:`hybrid_jax.export.torch_parity.train_torch`, our optimizer in PyTorch.
+``tests/export/torch_parity.py``'s ``train_torch``, our optimizer in PyTorch.
 
 FLA 0.6 refuses its gated backward on Hopper GPUs under Triton < 3.7.1 (a guard against a miscompile, FLA #640);
 there the script stops with FLA's message, unless ``--lift-fla-guard``: then FLA's chunk kernel of the model's
@@ -27,13 +29,13 @@ whole vocabulary, which a 300M model barely learns in 200 steps: 11.97 -> 11.94)
 the same loop instead: an independent implementation of the same model, which runs where FLA's guard refuses.
 (On CPU, ``tests/export/test_train_parity.py`` checks that loop against our trainer in float32 to 2e-6.)
 
-The reference's curve is written as soon as it is done (``$OUT/loss_parity_REFERENCE_reference.json``, with a
+The reference's curve is written as soon as it is done (``OUT/loss_parity_REFERENCE_reference.json``, with a
 digest of the initial weights), so a run cut off during our side keeps it; ``--reference-losses FILE`` then reuses
 it instead of training the reference again. The initial weights are made again (FLA's init is seeded, ours is the
 trainer's), and the run stops unless their digest and the run's settings equal the file's.
 
-Pass: every step's relative loss difference <= ``--tol``. Writes ``$OUT/loss_parity_REFERENCE.json`` (both curves)
-and ``$OUT/loss_parity_REFERENCE.png``.
+Pass: every step's relative loss difference <= ``--tol``. Saves the record ``loss_parity_REFERENCE`` (both curves)
+and writes the plot ``loss_parity_REFERENCE.png`` beside it (``--out``, default ``$OUT``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks import record
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -193,8 +197,8 @@ def plot(ours: list[float], theirs: list[float], path: Path, name: str, title: s
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks loss_parity", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(CONFIG_DIR / "zebra_300m_gdn.py"))
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=8)
@@ -208,10 +212,11 @@ def main() -> None:
     ap.add_argument("--reference-losses", default=None, metavar="JSON",
                     help="the reference's curve from an earlier run's loss_parity_REFERENCE_reference.json "
                          "(same settings and initial weights) instead of training the reference again")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args()
-    if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") != "false":
-        raise SystemExit("set XLA_PYTHON_CLIENT_PREALLOCATE=false: JAX and PyTorch share the GPU in this script")
+    ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    args = ap.parse_args(argv)
+    if os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false") != "false":
+        raise SystemExit("JAX must start without preallocating (XLA_PYTHON_CLIENT_PREALLOCATE=false): JAX and "
+                         "PyTorch share the GPU in this script")
 
     import jax
 
@@ -220,8 +225,7 @@ def main() -> None:
     from hybrid_jax.train.optim import learning_rate_schedule
     from tests.export.torch_parity import train_torch
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = record.out_dir(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg = parity_config(args.config, steps=args.steps, batch=args.batch, seq_len=args.seq_len,
@@ -232,7 +236,7 @@ def main() -> None:
             guard = check_fla_kernel(cfg)
             print(f"FLA kernel check with the guard lifted: {json.dumps(guard)}", flush=True)
             if not guard["ok"]:
-                (out / "loss_parity_fla.json").write_text(json.dumps(dict(ok=False, guard_check=guard), indent=1))
+                record.save("loss_parity_fla", dict(ok=False, guard_check=guard), out=out)
                 raise SystemExit("FLA's kernel fails the check with its guard lifted: no parity run")
         if args.reference == "fla":
             model, init = fla_model(cfg, tmp), tmp / "fla_init"
@@ -257,7 +261,7 @@ def main() -> None:
                                      log=lambda s: print(f"{args.reference} {s} ({time.perf_counter() - t0:.1f} s)"))
             except RuntimeError as e:  # e.g. FLA refusing its gated backward on Hopper under Triton < 3.7.1
                 failure = dict(ok=False, error=str(e), guard_check=guard)
-                (out / f"loss_parity_{args.reference}.json").write_text(json.dumps(failure, indent=1))
+                record.save(f"loss_parity_{args.reference}", failure, out=out)
                 raise SystemExit(f"the reference's training step failed, no parity run: {e}") from None
             ref_s = time.perf_counter() - t0
             (out / f"loss_parity_{args.reference}_reference.json").write_text(json.dumps(
@@ -274,7 +278,7 @@ def main() -> None:
                   first=(ours[0], theirs[0]), last=(ours[-1], theirs[-1]),
                   reference_wall_s=ref_s, ours_wall_s=ours_s, ours=ours, reference_losses=theirs)
     print(json.dumps({k: v for k, v in result.items() if k not in ("ours", "reference_losses")}), flush=True)
-    (out / f"loss_parity_{args.reference}.json").write_text(json.dumps(result, indent=1))
+    record.save(f"loss_parity_{args.reference}", result, out=out)
     name = "FLA" if args.reference == "fla" else "our HF export (PyTorch)"
     plot(ours, theirs, out / f"loss_parity_{args.reference}.png", name,
          f"{cfg.model.name}: same init, same batches, {args.batch} x {args.seq_len} tokens/step")

@@ -1,8 +1,17 @@
 """The largest micro-batch whose train step fits one device, and the step's compile time, per config and remat mode.
 
-    python benchmarks/max_batch.py --config configs/zebra_300m_gdn.py,configs/zebra_1b_gdn.py \
-        [--remat none,full] [--memory-gib 125] [--jobs 4] [--out max_batch.json]
-    python benchmarks/max_batch.py --smoke        # configs/demo.py on CPU, seq 32, a 0.04 GiB budget
+    python -m benchmarks max_batch --config configs/zebra_300m_gdn.py,configs/zebra_1b_gdn.py \
+        [--remat none,full] [--memory-gib 125] [--jobs 4] [--out DIR]
+    python -m benchmarks max_batch --steps 3 --sizes 96,112,128 --config configs/zebra_300m_gdn.py [--remat none]
+    python -m benchmarks max_batch --smoke        # configs/demo.py on CPU, seq 32, a 0.04 GiB budget
+
+**By real steps** (``--steps N``): per config and remat mode, ``python -m benchmarks train`` at each micro-batch of
+``--sizes`` in turn (N timed steps after one untimed, a process each, with 95% of the GPU's memory for JAX), up to
+the first size that fails (out of memory); the record ``max_batch_steps`` holds each size's tokens/s, MFU and peak
+memory, and the largest size that ran. This is what the README's "largest micro-batch" cites: the compiler's peak
+below is an estimate.
+
+**By compiles** (the default):
 
 Compile-only: nothing is allocated and no step runs. The real train step of ``benchmarks/train_throughput.py``
 (``init_state``, ``make_train_step``, a one-device mesh, accumulation 1, so the global batch is the micro-batch
@@ -17,7 +26,7 @@ then 3, 2, 1) whose peak fits the budget (``--memory-gib``; default the device's
 i.e. what ``XLA_PYTHON_CLIENT_MEM_FRACTION`` leaves to JAX, else 139). That m is compiled to confirm it; when it
 fits, the next grid sizes are tried until one does not, when it does not, the smaller ones until one fits (at most
 ``--extra-compiles`` more). After the timed first compiles, the other compiles of different (config, remat) pairs
-run in ``--jobs`` threads. Prints a table and writes ``$OUT/max_batch.json`` (or ``--out``).
+run in ``--jobs`` threads. Prints a table and saves the record ``max_batch``.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -34,7 +46,7 @@ import jax.numpy as jnp
 from flax import nnx
 from ml_collections import ConfigDict
 
-from benchmarks.timing import result_path
+from benchmarks import record
 from hybrid_jax.config import load_config_file
 from hybrid_jax.model import HybridLM, count_params
 from hybrid_jax.train import mesh as mesh_lib
@@ -226,19 +238,57 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines + ["(max m with '+': the next size up was not compiled, so it is a lower bound)"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def by_steps(configs: list[str], remats: list[str], sizes: list[int], steps: int, out: Path) -> dict:
+    """Real train steps at growing micro-batches, per (config, remat) up to the first size that fails."""
+    rows = []
+    env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION="0.95")
+    for path in configs:
+        for remat in remats:
+            runs, largest = [], None
+            for m in sizes:
+                name = f"fits_{Path(path).stem}_remat_{remat}_m{m}"
+                cmd = [sys.executable, "-m", "benchmarks", "train", "--config", path, "--steps", str(steps),
+                       "--warmup", "1", f"--config.train.micro_batch_size={m}", f"--config.model.remat={remat}",
+                       "--name", name, "--out", str(out)]
+                print(f"--- {Path(path).stem} remat {remat} micro-batch {m} {time.strftime('%H:%M:%S')}", flush=True)
+                ok = subprocess.run(cmd, env=env).returncode == 0 and (out / f"{name}.json").is_file()
+                if not ok:
+                    runs.append(dict(micro_batch_size=m, ok=False))
+                    break
+                r = record.load(out / f"{name}.json")["figures"]
+                runs.append(dict(micro_batch_size=m, ok=True, tokens_per_s=r["tokens_per_s"], mfu=r["mfu"],
+                                 peak_memory_gib=r["peak_memory_gib"]))
+                largest = m
+            rows.append(dict(config=Path(path).stem, remat=remat, runs=runs, largest_that_ran=largest,
+                             bounded=not runs[-1]["ok"]))
+            print(json.dumps(rows[-1]), flush=True)
+    return dict(steps=steps, rows=rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks max_batch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", default=[], help="config file(s); repeat or comma-separate")
     parser.add_argument("--remat", default=None, help="comma list of model.remat modes (default none,full)")
+    parser.add_argument("--steps", type=int, default=0, help="real steps at each of --sizes instead of compiles")
+    parser.add_argument("--sizes", default="", help="with --steps: comma list of micro-batches, tried in order")
     parser.add_argument("--memory-gib", type=float, default=None, help="budget (default: the device's limit)")
     parser.add_argument("--extra-compiles", type=int, default=2, help="compiles after the confirming one")
     parser.add_argument("--jobs", type=int, default=1, help="threads for the compiles after the timed first ones")
-    parser.add_argument("--out", default="", help="JSON output path (default $OUT/max_batch.json when $OUT is set)")
+    parser.add_argument("--out", default=None, help="the record's folder (default $OUT)")
     parser.add_argument("--smoke", action="store_true", help="configs/demo.py on CPU, seq 32, 0.04 GiB budget")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    configs = [p for arg in args.config for p in arg.split(",") if p]
+    if args.steps:
+        if not configs or not args.sizes:
+            parser.error("--steps needs --config and --sizes")
+        remats = (args.remat or "none").split(",")
+        result = by_steps(configs, remats, [int(m) for m in args.sizes.split(",")], args.steps,
+                          record.out_dir(args.out))
+        record.save("max_batch_steps", result, out=args.out)
+        return
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")  # before the backend starts
     jax.config.update("jax_enable_compilation_cache", False)  # time real compiles, not cache hits
     seq_len = None
-    configs = [p for arg in args.config for p in arg.split(",") if p]
     if args.smoke:
         jax.config.update("jax_platforms", "cpu")
         configs = configs or [str(Path(__file__).resolve().parents[1] / "configs" / "demo.py")]
@@ -270,10 +320,7 @@ def main() -> None:
         rows=rows,
     )
     print(table(rows), flush=True)
-    out = result_path(args.out, "max_batch.json")
-    if out:
-        Path(out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {out}")
+    record.save("max_batch", result, out=args.out)
 
 
 if __name__ == "__main__":

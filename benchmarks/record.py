@@ -108,7 +108,7 @@ def save(name: str, figures: dict, *, out: str | os.PathLike | None = None) -> p
         dirty=dirty,
         command=command(),
         gpu=device(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         versions=versions(),
         figures=figures,
     )

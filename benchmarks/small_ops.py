@@ -1,7 +1,7 @@
 """Are the small ops (norms, SwiGLU, short conv, chunked cross-entropy) already at the roofline under XLA?
 
-    python -m benchmarks.small_ops [--config configs/zebra_300m_gdn.py] [--batch 8] [--repeats 20] [--out PATH]
-    python -m benchmarks.small_ops --smoke      # the demo config (bf16) at batch 1 x 64 on CPU: checks the script only
+    python -m benchmarks small_ops [--config configs/zebra_300m_gdn.py] [--batch 8] [--repeats 20] [--out DIR]
+    python -m benchmarks small_ops --smoke      # the demo config (bf16) at batch 1 x 64 on CPU: checks the script only
 
 Times the project's own modules, jitted, at one training micro-batch (``batch x seq_len`` tokens of the config;
 8 x 2048 at the 300M recipe) in the config's compute dtype (bf16): the forward, and the forward+backward
@@ -29,8 +29,7 @@ gradients), so ``% HBM = min bytes / time / 4.8 TB/s``; no kernel, Pallas includ
 (the CE takes its three matmuls in one pass when differentiated), against the bf16 peak.
 The verdict uses the op's own bound (HBM, or the matmul peak where it has matmuls): at >= 70% of it, forward
 and forward+backward, XLA leaves no room for a hand-written kernel; well below it the op is a fusion candidate.
-The ``silu_mul`` share of the ``mlp`` time is printed too. Prints a table and writes ``$OUT/small_ops.json``
-(or ``--out``).
+The ``silu_mul`` share of the ``mlp`` time is printed too. Prints a table and saves the record ``small_ops``.
 """
 
 from __future__ import annotations
@@ -38,9 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +47,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from benchmarks import record
 from benchmarks.timing import back_to_back_ms
 from hybrid_jax.config import load_config_file
 from hybrid_jax.model.gdn import GatedDeltaNet
@@ -202,15 +200,15 @@ def measure(op: Op, repeats: int) -> dict:
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks small_ops", description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=CONFIGS / "zebra_300m_gdn.py", help="config file (shapes)")
     ap.add_argument("--batch", type=int, default=8, help="micro-batch size (sequences)")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--out", default="", help="JSON path (default $OUT/small_ops.json)")
+    ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
     ap.add_argument("--ce-chunks", default="", help="comma list: also time the cross-entropy at these chunk sizes")
     ap.add_argument("--smoke", action="store_true", help="the demo config at batch 1 x 64 on CPU (checks the script)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cfg = load_config_file(CONFIGS / "demo.py" if args.smoke else args.config)
     batch, seq, repeats = (1, 64, 2) if args.smoke else (args.batch, cfg.train.seq_len, args.repeats)
     if args.smoke:
@@ -260,10 +258,7 @@ def main() -> None:
         silu_mul_share_of_mlp=share,
         ops=results,
     )
-    out = Path(args.out or Path(os.environ.get("OUT", ".")) / "small_ops.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=1))
-    print(f"wrote {out}")
+    record.save("small_ops", summary, out=args.out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Time per sublayer kind against its FLOP share: does any sublayer take more time than its FLOPs justify?
 
-    python3 -m benchmarks.sublayers --config configs/zebra_300m_gdn_hybrid.py,configs/zebra_300m_mamba2_hybrid.py \
-        --config configs/zebra_300m_kda.py [--batch 8] [--seq-len 0] [--repeats 10] [--out sublayers.json]
-    python3 -m benchmarks.sublayers --smoke      # configs/demo.py, batch 2 x 64 tokens, on CPU
+    python -m benchmarks sublayers --config configs/zebra_300m_gdn_hybrid.py,configs/zebra_300m_mamba2_hybrid.py \
+        --config configs/zebra_300m_kda.py [--batch 8] [--seq-len 0] [--repeats 10] [--out DIR]
+    python -m benchmarks sublayers --smoke      # configs/demo.py, batch 2 x 64 tokens, on CPU
 
 For each config (a comma list or a repeated ``--config``; default: the three 300M configs above), builds ONE
 ``hybrid_jax.model.Sublayer`` of each distinct kind of the layer plan (``sublayer_kinds``) in the config's compute
@@ -16,14 +16,12 @@ time; training FLOPs per token per instance (``hybrid_jax.flops``: 3 x (2 x its 
 ``mixer_flops_per_token``); head 3 x 2 V D) and their share (the shares add up to the trainer's
 ``flops_per_token``, checked), achieved TFLOP/s and the fraction of the device's peak (``peak_flops``). A kind whose
 time share / FLOP share exceeds 1.3 is flagged as over its share. The sum of the rows gives tokens/s and MFU of
-one forward+backward without optimizer. Prints a table per config and writes ``--out`` or
-``$OUT/sublayers.json``.
+one forward+backward without optimizer. Prints a table per config and saves the record ``sublayers``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Callable
@@ -36,7 +34,8 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
-from benchmarks.timing import median_ms, result_path
+from benchmarks import record
+from benchmarks.timing import median_ms
 from hybrid_jax.config import load_config_file
 from hybrid_jax.flops import flops_per_token, mixer_flops_per_token, peak_flops
 from hybrid_jax.model import Sublayer, layer_plan, sublayer_kinds
@@ -206,8 +205,8 @@ def print_table(result: dict, peak: float | None) -> None:
         print(f"{kind}: time share / FLOP share = {r['time_over_flop_share']:.2f}{flag}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks sublayers", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--config",
         action="append",
@@ -217,9 +216,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="sequences per call (0: the config's micro batch)")
     parser.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (0: the config's seq_len)")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per measurement (median)")
-    parser.add_argument("--out", default="", help="JSON output path (default $OUT/sublayers.json when $OUT is set)")
+    parser.add_argument("--out", default=None, help="the record's folder (default $OUT)")
     parser.add_argument("--smoke", action="store_true", help="configs/demo.py, batch 2 x 64 tokens, on CPU")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         jax.config.update("jax_platforms", "cpu")
     paths = [p for arg in args.config for p in arg.split(",") if p]
@@ -234,10 +233,7 @@ def main() -> None:
         print(f"{config.model.name} on {device.device_kind}", flush=True)
         result["configs"].append(benchmark(config, batch=batch, seq_len=seq_len, repeats=args.repeats))
         print_table(result["configs"][-1], peak)
-    out = result_path(args.out, "sublayers.json")
-    if out:
-        Path(out).write_text(json.dumps(result, indent=1))
-        print(f"\nwrote {out}")
+    record.save("sublayers", result, out=args.out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""Wall-clock timing of jitted JAX calls and the result file's path, shared by the benchmarks."""
+"""Wall-clock timing of jitted JAX calls, shared by the benchmarks."""
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -47,8 +46,3 @@ def median_ms(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 2,
     calls = max(1, round(sample_ms / (1e3 * (time.perf_counter() - t0))))
     return back_to_back_ms(fn, [args], repeats, calls, warmup=0)[0]
 
-
-def result_path(explicit: str, name: str) -> str:
-    """Where a benchmark writes its JSON: ``explicit`` (an ``--out`` flag) if given, else ``$OUT/name`` when ``OUT``
-    is set, else ``""`` (print only)."""
-    return explicit or (os.path.join(os.environ["OUT"], name) if os.environ.get("OUT") else "")

@@ -1,6 +1,6 @@
 """Where a jitted step's device time goes: a summary of a ``jax.profiler`` trace (perfetto JSON).
 
-    python3 -m benchmarks.trace_summary TRACE_DIR_OR_FILE [--hlo step_hlo.txt] [--top 30] [--args-sample FILE]
+    python -m benchmarks trace_summary TRACE_DIR_OR_FILE [--hlo step_hlo.txt] [--top 30] [--args-sample FILE]
 
 Reads ``perfetto_trace.json.gz`` (written by ``jax.profiler.trace(dir, create_perfetto_trace=True)``; found under
 ``TRACE_DIR`` when a directory is given), keeps the complete events of the device processes (``/device:...``;
@@ -18,7 +18,7 @@ the event name, or by the kernel name XLA derives from the instruction name or a
 prefix (call stack, then named scopes) as a tree, so the share of the loss head, the MLPs, each mixer type or the
 optimizer update is read off directly. Without the HLO text the scope is whatever the event's args carry
 (``tf_op`` / ``long_name`` / ``hlo_op``). The arg keys seen on the device events are listed, and the first events'
-args are kept (``arg_sample``) to show the trace's format. ``benchmarks/train_throughput.py --profile DIR`` writes
+args are kept (``arg_sample``) to show the trace's format. ``python -m benchmarks train --profile DIR`` writes
 such a trace of a few training steps and the step's HLO text, and prints this summary.
 """
 
@@ -396,13 +396,13 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks trace_summary", description=__doc__.splitlines()[0])
     ap.add_argument("trace", help="a trace directory (jax.profiler.trace's log dir) or perfetto_trace.json.gz")
     ap.add_argument("--hlo", help=f"the step's optimized HLO text (default: {HLO_FILE} next to the trace)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--args-sample", help="write the first device events' names and args to this JSON file")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     s = summarize(args.trace, args.top, args.hlo)
     print(format_summary(s))
     if args.args_sample:

@@ -1,27 +1,29 @@
 """Training throughput of a config: the real jitted train step on mock data, no checkpoints.
 
-    python -m benchmarks.train_throughput --config configs/zebra_300m_gdn.py [--steps 20] [--warmup 3] \
-        [--accum 1] [--config.train.micro_batch_size=32 ...] [--out results.json] [--profile DIR]
+    python -m benchmarks train --config configs/zebra_300m_gdn.py [--steps 20] [--warmup 3] [--accum 1] \
+        [--devices N] [--config.train.micro_batch_size=32 ...] [--name NAME] [--out DIR] [--profile DIR]
 
 The global batch is set to ``micro_batch_size x accum x devices`` (one optimizer step = ``accum`` micro-batches
-per device) so a step takes seconds, not minutes. Prints one JSON object (and writes it to ``--out`` or
-``$OUT/train_throughput.json``): tokens/s, tokens/s/device, MFU (``hybrid_jax.flops``), step time, peak device
-memory, the parameters and optimizer state held per device (ZeRO-1 shards the latter), the first and last loss
-and the number of skipped steps. Timed steps exclude the ``--warmup`` steps (compilation included there).
+per device) so a step takes seconds, not minutes. ``--devices N``: a mesh over the first N devices (default all;
+``--devices 1`` then all is the data-parallel scaling, with ``--config.train.zero1=true`` for ZeRO-1). Prints one
+JSON object and saves it as the record ``train_<model name>`` (or ``--name``): tokens/s, tokens/s/device, MFU
+(``hybrid_jax.flops``), step time, peak device memory, the parameters and optimizer state held per device (ZeRO-1
+shards the latter), the first and last loss and the number of skipped steps. Timed steps exclude the ``--warmup``
+steps (compilation included there).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 
 import jax
-from absl import app, flags, logging
+from absl import logging
 from flax import nnx
-from ml_collections import config_flags
 
-from benchmarks.timing import result_path
+from benchmarks import configs, record
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.flops import flops_per_token, peak_flops
 from hybrid_jax.model import HybridLM, count_params
@@ -30,16 +32,6 @@ from hybrid_jax.train.metrics import device_memory_gib
 from hybrid_jax.train.optim import make_optimizer
 from hybrid_jax.train.step import init_state, make_train_step
 from hybrid_jax.train.validate import validate
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py)", lock_config=True)
-_STEPS = flags.DEFINE_integer("steps", 20, "timed steps")
-_WARMUP = flags.DEFINE_integer("warmup", 3, "untimed steps first (compilation, autotuning)")
-_ACCUM = flags.DEFINE_integer("accum", 1, "micro-batches per device per step")
-_OUT = flags.DEFINE_string("out", "", "JSON output path (default $OUT/train_throughput.json when $OUT is set)")
-_PROFILE = flags.DEFINE_string("profile", "", "after the timed steps, trace --profile_steps more into this directory "
-                               "(with the step's HLO text, step_hlo.txt) and print where the device time goes "
-                               "(benchmarks/trace_summary.py; also written there with a sample of the events' args)")
-_PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 3, "steps traced with --profile")
 
 
 def resident_gib(tree) -> float:
@@ -56,8 +48,9 @@ def resident_gib(tree) -> float:
     )
 
 
-def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_steps: int = 3) -> dict:
-    mesh = mesh_lib.make_mesh(config.mesh)
+def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_steps: int = 3,
+              devices: list | None = None) -> dict:
+    mesh = mesh_lib.make_mesh(config.mesh, devices)
     accum = validate(config, mesh_lib.batch_shards(mesh))
     tx = make_optimizer(config.train)
     t0 = time.perf_counter()
@@ -105,7 +98,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
         (Path(profile) / "trace_summary.txt").write_text(text + "\n")
         (Path(profile) / "event_args_sample.json").write_text(json.dumps(trace["arg_sample"], indent=1))
     tokens = steps * config.train.global_batch_size * config.train.seq_len
-    per_device = tokens / seconds / jax.device_count()
+    per_device = tokens / seconds / mesh.size
     fpt = flops_per_token(config.model, config.train.seq_len)
     peak = peak_flops(jax.devices()[0])
     _, peak_memory = device_memory_gib()
@@ -114,7 +107,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
         config=config.model.name,
         params=count_params(config.model),
         device=jax.devices()[0].device_kind,
-        devices=jax.device_count(),
+        devices=mesh.size,
         jax=jax.__version__,
         kernel_impl=config.model.kernel_impl,
         dtype=config.model.dtype,
@@ -141,20 +134,30 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
     )
 
 
-def main(argv: list[str]) -> None:
-    del argv
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="a config file (configs/*.py); overrides: --config.KEY=VALUE")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, autotuning)")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per device per step")
+    ap.add_argument("--devices", type=int, default=0, help="a mesh over the first N devices (0: all)")
+    ap.add_argument("--name", default="", help="the record's name (default train_<model name>)")
+    ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    ap.add_argument("--profile", default="", help="after the timed steps, trace --profile-steps more into this "
+                    "directory (with the step's HLO text) and print where the device time goes "
+                    "(benchmarks/trace_summary.py; also written there with a sample of the events' args)")
+    ap.add_argument("--profile-steps", type=int, default=3, help="steps traced with --profile")
+    args, overrides = configs.parse(ap, argv)
     logging.set_verbosity(logging.WARNING)
-    config = _CONFIG.value
-    config.train.global_batch_size = config.train.micro_batch_size * _ACCUM.value * jax.device_count()
-    result = benchmark(config, steps=_STEPS.value, warmup=_WARMUP.value, profile=_PROFILE.value,
-                       profile_steps=_PROFILE_STEPS.value)
-    text = json.dumps(result, indent=1)
-    print(text, flush=True)
-    out = result_path(_OUT.value, "train_throughput.json")
-    if out and jax.process_index() == 0:
-        Path(out).write_text(text)
+    config = configs.load(args.config, overrides)
+    devices = jax.devices()[: args.devices] if args.devices else jax.devices()
+    config.train.global_batch_size = config.train.micro_batch_size * args.accum * len(devices)
+    result = benchmark(config, steps=args.steps, warmup=args.warmup, profile=args.profile,
+                       profile_steps=args.profile_steps, devices=devices)
+    print(json.dumps(result, indent=1), flush=True)
+    if jax.process_index() == 0:
+        record.save(args.name or f"train_{config.model.name}", result, out=args.out)
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("config")
-    app.run(main)
+    main()
