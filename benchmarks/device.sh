@@ -7,8 +7,10 @@
 # ./.anchors for the 'anchor' part. Records go to $OUT (python -m benchmarks --help lists the parts).
 set -euo pipefail
 SITE=/tmp/site  # the wheels and this tree, installed without touching the image's packages
-if [ ! -e "$SITE/.installed" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+shopt -s nullglob
+wheels=(.whl/*.whl)
+if [ ! -e "$SITE/.installed" ] && [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}"
   touch "$SITE/.installed"
 fi
 # pyproject maps kernels/ to hybrid_jax.kernels; the installed tree, not the source checkout, must be what
