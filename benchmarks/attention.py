@@ -26,6 +26,7 @@ from benchmarks.shapes import ATTENTION_SHAPES as SHAPES
 from hybrid_jax import kernels
 from hybrid_jax.kernels import flash_attention as flash
 from hybrid_jax.kernels import reference, tuning
+from hybrid_jax.kernels.registry import OPS
 
 CHECKS = [  # (B, T, H, Dqk, Dv, dtype, causal)
     (2, 1000, 4, 48, 32, jnp.bfloat16, True),
@@ -34,13 +35,7 @@ CHECKS = [  # (B, T, H, Dqk, Dv, dtype, causal)
     (2, 2048, 4, 128, 128, jnp.bfloat16, True),
     (1, 300, 2, 64, 64, jnp.float32, True),
 ]
-K = tuning.AttentionKernel
-L = tuning.Launch
-CANDIDATES = {  # kernel -> tiles to try (block_q, block_k, Launch(warps, stages))
-    "fwd": [K(128, 64, L(4, 3)), K(128, 64, L(8, 3)), K(128, 128, L(8, 3)), K(128, 128, L(4, 3)), K(64, 64, L(4, 3))],
-    "dkdv": [K(64, 128, L(8, 2)), K(32, 128, L(4, 3)), K(64, 64, L(4, 3)), K(32, 64, L(4, 2)), K(64, 64, L(8, 2))],
-    "dq": [K(128, 64, L(8, 2)), K(128, 32, L(4, 3)), K(64, 64, L(4, 3)), K(64, 32, L(4, 2))],
-}
+CANDIDATES = OPS["attention"].search_space()  # kernel -> tiles to try (kernels/registry.py)
 
 
 def rel_err(a, b) -> float:

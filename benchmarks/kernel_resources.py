@@ -1,13 +1,13 @@
 """Compile our Pallas kernels for a GPU that is not there, and report what each launch needs.
 
-    python -m benchmarks.kernel_resources [--arch sm90 gfx942 gfx950] [--only kda_anchor ...] [--attention]
+    python -m benchmarks kernel_resources [--arch sm90 gfx942 gfx950] [--only kda_anchor ...] [--attention]
                                           [--variant grad.num_warps=4 ...]
-    ncu --section LaunchStats python -m benchmarks.kernel_resources --run --only kda_1b   (on the GPU: the same
+    ncu --section LaunchStats python -m benchmarks kernel_resources --run --only kda_1b   (on the GPU: the same
                                           launches, once each, for Nsight Compute to measure)
 
 Each kernel is lowered as on the device: forward + backward, the table's launches for the target arch. Its Triton
 IR then goes through the ``triton`` package's compiler (PTX and SASS for sm90, AMDGCN for gfx942 / gfx950), with no
-GPU. ``--variant`` (the syntax of ``benchmarks/kernels.py``) also compiles the recurrent kernels with changed
+GPU. ``--variant`` (``kernels.tuning.override``'s syntax) also compiles the recurrent kernels with changed
 launches or options. Per launch it prints:
 - the registers per thread, and the spill instructions (SASS ``STL`` / ``LDL``) or AMDGCN's VGPR spill count;
 - the shared memory (LDS) against the target's, flagging a launch that could not start there;
@@ -17,8 +17,7 @@ launches or options. Per launch it prints:
 The ``triton`` package is not the Triton inside jaxlib that compiles these kernels on the device, so the numbers
 approximate the device's. On the H200 at the 1B KDA shape, Nsight Compute measured 64 / 72 registers for
 ``grad_bwd`` / ``grad_wy_bwd`` where this tool reports the same, but 196 for ``grad_bwd_levels`` where it reports
-166 (``--run`` above, ``benchmarks/results/h200_2026-11-30_round10/7_ncu_kda_1b.txt``;
-``tests/kernels/test_kernel_resources.py``).
+166 (``--run`` above; ``tests/kernels/test_kernel_resources.py`` pins both).
 Needs ``triton`` (installed with the ``export`` extra's torch on Linux).
 """
 
@@ -37,11 +36,10 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 
-from benchmarks.kernels import apply_variant
 from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
-from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
 from hybrid_jax.kernels.flash_attention import flash_attention
-from hybrid_jax.kernels.tuning import attention_config, current_arch, recurrent_config
+from hybrid_jax.kernels.recurrent import chunk_recurrence
+from hybrid_jax.kernels.tuning import attention_config, current_arch, override, recurrent_config
 
 # arch -> (device kind, JAX platform, Triton target backend, target arch, threads per warp)
 TARGETS = {
@@ -149,7 +147,7 @@ def recurrence_case(s: Shape, arch: str, variant: str = "", T: int = 512) -> tup
     """Forward + backward of ``chunk_recurrence`` at shape ``s`` (one sequence of ``T`` tokens: the launches'
     resources do not depend on B or T) with ``arch``'s table entry, changed by ``variant`` if given."""
     config = recurrent_config(arch, per_key=s.per_key)
-    config = apply_variant(config, variant) if variant else config
+    config = override(config, variant) if variant else config
     g_shape = (1, T, s.HV, s.K) if s.per_key else (1, T, s.HV)
     args = (_sds(1, T, s.H, s.K), _sds(1, T, s.H, s.K), _sds(1, T, s.HV, s.V), _sds(*g_shape, dtype=jnp.float32),
             _sds(1, T, s.HV))
@@ -202,8 +200,8 @@ def run_on_device(only: list[str] | None, variants: list[str]) -> None:
                 print(f"{arch} {s.name} {variant}: ran, loss {float(value):.4g}", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks kernel_resources", description=__doc__.split("\n")[0])
     ap.add_argument("--arch", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     ap.add_argument("--only", nargs="+", default=None, help="recurrent shapes (benchmarks/shapes.py), default all")
     ap.add_argument("--attention", action="store_true", help="also the attention shapes")
@@ -211,7 +209,7 @@ def main() -> None:
     ap.add_argument("--run", action="store_true",
                     help="instead, run each recurrent case once on this machine's GPU (table of its arch), for a "
                          "profiler to measure the launches: ncu --section LaunchStats python -m ... --run")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.run:
         run_on_device(args.only, args.variant)
         return

@@ -1,16 +1,17 @@
 """Time the Pallas recurrent kernels (GDN, KDA, simple GLA / Mamba2 SSD) on a GPU and check them against the XLA form.
 
-    python -m benchmarks.kernels [--only NAME ...] [--repeats 20] [--xla-timing] [--trace DIR]
+    python -m benchmarks kernels [--only NAME ...] [--repeats 20] [--xla-timing] [--variant F=V,...] [--trace DIR]
 
 bf16 inputs like FLA's anchor (``k`` L2-normalised, ``g = logsigmoid(randn) / 16`` (per key channel for KDA),
 ``beta = sigmoid(rand)``),
 forward and forward+backward (gradients of every input), median of ``--repeats`` timed samples after warm-up (a
 sample: as many back-to-back calls as take about 20 ms, ``benchmarks/timing.py``).
 Each result is checked against the chunked XLA form in float32 on the same inputs (relative RMS error:
-forward <= 5e-3, gradients <= 2e-2). Prints a table and writes ``$OUT/ours_kernels.json``.
+forward <= 5e-3, gradients <= 2e-2). Prints a table and writes the record ``kernels`` (``benchmarks/record.py``).
 Achieved rates use the H200's dense bf16 peak (989 TFLOP/s) and HBM bandwidth (4.8 TB/s); the FLOP and
 byte counts are those of our kernel decomposition (see ``work``). KDA rows also print their time over our GDN's
-at the same shape (the goal is <= 1.4x).
+at the same shape. The reference (FLA) is timed by ``python -m benchmarks fla_reference`` in the same command
+(``python -m benchmarks run 'kernels' 'fla_reference'``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
-import os
 from pathlib import Path
 
 import jax
@@ -48,16 +47,16 @@ def _import_kernels_from_source() -> None:
 
 _import_kernels_from_source()
 
+from benchmarks import record  # noqa: E402
 from benchmarks.shapes import SHAPES, Shape  # noqa: E402
 from benchmarks.timing import median_ms  # noqa: E402
-from hybrid_jax.kernels import chunk_pallas, reference  # noqa: E402
-from hybrid_jax.kernels.chunk_pallas import chunk_recurrence  # noqa: E402
-from hybrid_jax.kernels.tuning import RecurrentConfig, current_arch, recurrent_config  # noqa: E402
+from hybrid_jax.kernels import recurrent, reference  # noqa: E402
+from hybrid_jax.kernels.recurrent import chunk_recurrence  # noqa: E402
+from hybrid_jax.kernels.recurrent.search import LEVELS_STAGES, STAGES, stage_inputs  # noqa: E402
+from hybrid_jax.kernels.tuning import current_arch, override, recurrent_config  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
 PEAK_BYTES = 4.8e12  # H200 HBM3e
-# FLA 0.6.0 on the same H200 (design.md section 8): (fwd ms, fwd+bwd ms)
-FLA_MS = {"gdn_anchor": (0.887, 2.818), "ssd_anchor": (0.590, 2.503), "kda_anchor": (1.088, 4.935)}
 
 
 # KDA shape -> the GDN shape it is compared with (same B, T, heads and dims)
@@ -98,56 +97,22 @@ def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
-STAGES = {
-    "wy": chunk_pallas.wy,
-    "state": chunk_pallas.state_fwd,
-    "output": chunk_pallas.output,
-    "state_bwd": chunk_pallas.state_bwd,
-    "grad": chunk_pallas.grad,
-}
-
-
 def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
-    """Arguments of each kernel stage (``chunk_pallas.STAGE(static, *args)``) at shape ``s``, from real data, at
-    ``config.chunk``. With ``config.output_in_state`` (delta rule) ``wy`` also takes ``q``, ``state`` also ``q``
-    and ``P``, and there is no ``output`` stage."""
-    chunk = config.chunk
+    """Arguments of each kernel stage (``search.STAGES[name](static, *args)``) at shape ``s`` from :func:`inputs`, at
+    ``config.chunk`` (``search.stage_inputs``)."""
     x = inputs(s)
-    st = chunk_pallas.Static(s.K**-0.5, chunk, config, interpret)
-    q, k, v, beta = reference.l2_normalize(x["q"]).astype(x["q"].dtype), x["k"], x["v"], x.get("beta")
-    g = x["g"]
-    gam = chunk_pallas.kernel_gate(g, chunk, config)
+    static = recurrent.Static(s.K**-0.5, config.chunk, config, interpret)
+    q = reference.l2_normalize(x["q"]).astype(x["q"].dtype)
     h0 = jnp.zeros((s.B, s.HV, s.K, s.V), jnp.float32)
-    do = jax.random.normal(jax.random.PRNGKey(1), v.shape, v.dtype)
-    args = {}
-    u, w, t, p = (v, None, None, None)
-    output_in_state = s.delta and config.output_in_state
-    if s.delta:
-        args["wy"] = (k, v, gam, beta) + ((q,) if output_in_state else ())
-        u, w, t, *p_wy = chunk_pallas.wy(st, *args["wy"])
-        p = p_wy[0] if output_in_state else None
-    args["state"] = (k, gam, w, u, h0) + ((q, p) if output_in_state else ())
-    h, vn, *_ = chunk_pallas.state_fwd(st, *args["state"])
-    if not output_in_state:
-        args["output"] = (q, k, vn, gam, h)
-        _, p = chunk_pallas.output(st, *args["output"])
-    args["state_bwd"] = (q, k, gam, w, p, do, h0, h)
-    dh, dvn, _, hdh = chunk_pallas.state_bwd(st, *args["state_bwd"])
-    args["grad"] = (q, k, v, beta, gam, t, h, dh, hdh, vn, dvn if s.delta else None, do)
-    return args
-
-
-# stages with diagonal row blocks: with a per-key gate a first launch around one reference row per block, then one
-# that redoes the rows it got wrong (chunk_pallas._diagonal_launches), whose programs exit unless their chunk has such
-# rows
-LEVELS_STAGES = ("wy", "output", "grad")
+    do = jax.random.normal(jax.random.PRNGKey(1), x["v"].shape, x["v"].dtype)
+    return stage_inputs(static, q, x["k"], x["v"], x["g"], x.get("beta"), h0, do)
 
 
 def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = False, **kw) -> float:
     """Median time of one kernel stage under ``config`` (arguments from :func:`stage_args` at its chunk; ``kw``: for
     the stage function, e.g. ``redo_far=False``)."""
-    st = chunk_pallas.Static(1.0, config.chunk, config, interpret)
-    return median_ms(jax.jit(functools.partial(STAGES[name], st, **kw)), *args, repeats=repeats)
+    static = recurrent.Static(1.0, config.chunk, config, interpret)
+    return median_ms(jax.jit(functools.partial(STAGES[name], static, **kw)), *args, repeats=repeats)
 
 
 def stage_times(s: Shape, config, repeats: int, interpret: bool = False) -> dict[str, float]:
@@ -198,20 +163,6 @@ def work(s: Shape, C: int = 64, block_v: int = 64, block_v_bwd: int | None = Non
     )
 
 
-def apply_variant(cfg: RecurrentConfig, text: str) -> RecurrentConfig:
-    """``cfg`` with ``FIELD=VALUE[,FIELD=VALUE...]`` changed: VALUE true/false/none or an integer; FIELD a field of
-    ``RecurrentConfig`` or ``KERNEL.FIELD`` of one kernel's launch (e.g. ``grad.num_stages=2``)."""
-    words = {"true": True, "false": False, "none": None}
-    for item in text.split(","):
-        field, _, text_value = item.partition("=")
-        value = words[text_value.lower()] if text_value.lower() in words else int(text_value)
-        kernel, _, launch_field = field.rpartition(".")
-        if kernel:
-            value = dataclasses.replace(getattr(cfg, kernel), **{launch_field: value})
-        cfg = dataclasses.replace(cfg, **{kernel or field: value})
-    return cfg
-
-
 def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, repeats: int) -> dict:
     """fwd and fwd+bwd ms of one form of the kernels, and its errors against the reference: the output's
     (``err_o``), each gradient's (``err_dNAME``), their largest (``max_err``), and ``ok`` (output <= 5e-3,
@@ -260,7 +211,7 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
     fns = make_fns(s, "pallas", cfg, interpret)  # built once: traced below with the same compiled functions
     res = dict(dataclasses.asdict(s), **time_and_check(*fns, x, do, o_ref, g_ref, repeats))
     if other_grad and s.delta:  # the other gradient-pass variant (fused <-> split in two launches), same checks
-        split = cfg.split_grad_from is not None and s.K * s.V >= cfg.split_grad_from
+        split = cfg.splits_grad(s.K, s.V)
         other = dataclasses.replace(cfg, split_grad_from=None if split else 0)
         res["other_grad"] = dict(
             split=not split,
@@ -269,8 +220,8 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
             **time_and_check(*make_fns(s, "pallas", other, interpret), x, do, o_ref, g_ref, repeats),
         )
     for variant in variants:  # the table's config with some fields changed; a failing one (e.g. shared memory
-        v_cfg = apply_variant(cfg, variant)  # overflow) is recorded, not fatal to the shape
-        try:
+        try:  # overflow) is recorded, not fatal to the shape
+            v_cfg = override(cfg, variant)
             v_fns = make_fns(s, "pallas", v_cfg, interpret)
             v_res = time_and_check(*v_fns, x, do, o_ref, g_ref, repeats)
             v_res["stages_ms"] = stage_times(s, v_cfg, repeats, interpret)
@@ -289,20 +240,16 @@ def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
         res["xla_fwdbwd_ms"] = median_ms(xla_fwd_bwd, x, do, repeats=repeats)
-    w = work(s, cfg.chunk, min(cfg.block_v, s.V), min(chunk_pallas.state_bwd_block_v(cfg, s.delta), s.V))
+    w = work(s, cfg.chunk, min(cfg.block_v, s.V), min(cfg.state_bwd_block_v(s.delta), s.V))
     for p in ("fwd", "fwdbwd"):
         sec = res[f"{p}_ms"] * 1e-3
         res[f"{p}_mfu"] = w[f"{p}_flops"] / sec / PEAK_FLOPS
         res[f"{p}_hbm"] = w[f"{p}_bytes"] / sec / PEAK_BYTES
-    if s.name in FLA_MS:
-        res["fla_fwd_ms"], res["fla_fwdbwd_ms"] = FLA_MS[s.name]
-        res["ratio_fwd"] = res["fwd_ms"] / res["fla_fwd_ms"]
-        res["ratio_fwdbwd"] = res["fwdbwd_ms"] / res["fla_fwdbwd_ms"]
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=None, help="shape names to run")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--xla-timing", action="store_true", help="also time the XLA form")
@@ -315,7 +262,8 @@ def main() -> None:
                                                 "each variant's into DIR/SHAPE_VARIANT) and print where its device "
                                                 "time goes (kernels and XLA ops)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")
+    args = ap.parse_args(argv)
     shapes = (
         [dataclasses.replace(s, B=1, T=128, H=max(1, s.H // 8), HV=max(1, s.HV // 8)) for s in SHAPES]
         if args.smoke
@@ -326,10 +274,9 @@ def main() -> None:
         f"config {recurrent_config()}  KDA config {recurrent_config(per_key=True)}",
         flush=True,
     )
-    results = {}
-    out = Path(os.environ.get("OUT", ".")) / "ours_kernels.json"
+    results, path = {}, None
     print(
-        f"{'shape':<12} {'fwd ms':>8} {'f+b ms':>8} {'/FLA f':>7} {'/FLA fb':>7} {'TF% f':>6} {'TF% fb':>6} "
+        f"{'shape':<12} {'fwd ms':>8} {'f+b ms':>8} {'TF% f':>6} {'TF% fb':>6} "
         f"{'BW% f':>6} {'BW% fb':>6}  max err   ok",
         flush=True,
     )
@@ -349,9 +296,8 @@ def main() -> None:
             print(f"{s.name}: / our GDN  fwd {r['over_gdn_fwd']:.2f}x  fwd+bwd {r['over_gdn_fwdbwd']:.2f}x", flush=True)
         results[s.name] = r
         err = r["max_err"]
-        ratio = f"{r['ratio_fwd']:7.2f} {r['ratio_fwdbwd']:7.2f}" if "ratio_fwd" in r else f"{'-':>7} {'-':>7}"
         print(
-            f"{s.name:<12} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {ratio} {100 * r['fwd_mfu']:6.1f} "
+            f"{s.name:<12} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {100 * r['fwd_mfu']:6.1f} "
             f"{100 * r['fwdbwd_mfu']:6.1f} {100 * r['fwd_hbm']:6.1f} {100 * r['fwdbwd_hbm']:6.1f}  {err:.1e} "
             f"{r['ok']}" + (f"  xla {r['xla_fwd_ms']:.3f}/{r['xla_fwdbwd_ms']:.3f} ms" if args.xla_timing else ""),
             flush=True,
@@ -362,9 +308,8 @@ def main() -> None:
             o = r["other_grad"]
             print(f"{'':13}{'split' if o['split'] else 'fused'} gradient pass: fwd+bwd {o['fwdbwd_ms']:.3f} ms, "
                   f"grad {o['grad_ms']:.3f} ms, max err {o['max_err']:.1e}", flush=True)
-        out.write_text(json.dumps(results, indent=1))
-    out.write_text(json.dumps(results, indent=1))
-    print(f"wrote {out}")
+        path = record.save("kernels", results, out=args.out)  # after every shape: a time limit loses only the rest
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ from typing import Literal
 
 import jax
 
-from hybrid_jax.kernels import chunk_pallas, reference
+from hybrid_jax.kernels import reference
+from hybrid_jax.kernels.recurrent import chunk_recurrence
 
 Impl = Literal["auto", "xla", "pallas", "pallas_interpret", "naive"]
 _IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
@@ -40,7 +41,7 @@ def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_stat
                 chunk_size, impl):
     impl = _resolve(impl, op, ("xla", "naive", "pallas", "pallas_interpret"))
     if impl in ("pallas", "pallas_interpret"):
-        o, final = chunk_pallas.chunk_recurrence(
+        o, final = chunk_recurrence(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
             chunk_size=chunk_size, interpret=impl == "pallas_interpret",
         )

@@ -2,7 +2,8 @@
 
 Architectures: ``sm90`` (H100/H200, 227 KiB shared memory per block), ``gfx942`` (MI300X, 64 KiB LDS,
 wave64), ``gfx950`` (MI355X, 160 KiB LDS, wave64) and ``fallback`` (conservative, any GPU).
-``benchmarks/autotune.py`` sweeps candidates on a GPU and prints an entry for this table.
+``benchmarks/autotune.py`` sweeps the search space of ``kernels/registry.py`` on a GPU and prints an entry for
+these tables.
 """
 
 from __future__ import annotations
@@ -22,102 +23,111 @@ class Launch:
 
 @dataclasses.dataclass(frozen=True)
 class RecurrentConfig:
-    """Chunk length and launch parameters of the chunked recurrent kernels (``kernels/chunk_pallas.py``).
+    """Chunk length, tiles, launch parameters and launch forms of the recurrent kernels (``kernels/recurrent/``).
 
-    ``chunk``: the chunk length used when the caller passes ``chunk_size=None`` (a power of two >= 16).
-    ``block_v`` tiles the value dim of the sequential state kernels (one program per (batch, head, V-tile)
-    carries a ``[K, block_v]`` float32 state); it is clipped to V. ``block_v_bwd``: with the delta rule, the
-    reverse state pass's V tile instead (``None``: ``block_v``); on the H200 32 against 64 takes GDN's reverse pass
-    from 0.475 to 0.347 ms at its anchor, but Mamba2's (no delta rule) from 0.138 to 0.206 at its 300M shape.
-    ``inverse_bf16x3``: the float32 matmuls of the triangular inverse as three bf16 tensor-core matmuls each (else
-    IEEE float32 dots).
-    ``split_grad_from``: with the delta rule and ``K * V`` (padded head dims) at least this, the gradient pass is
-    two launches (``grad``: through the output and state update; ``grad_wy``: through the WY transform, adding the
-    first's dk and d(gamma) to its own) instead of one fused kernel (``None``: always fused).
-    ``decay_operands_f32`` (per-key gate only): the forward's decayed
-    Gram products (``A`` in ``wy``, ``P`` in ``output``) from float32 operands (TF32 tensor cores on NVIDIA) instead
-    of input-dtype ones: less rounding, more registers. ``shared_memory``: bytes of shared memory (LDS) per block on
-    the target GPU; the sequential kernels' pipeline stages are capped to fit it (:func:`fit_stages`).
-    ``block_k`` tiles the key dim of the gradient pass (``None``: all of K, clipped to K): one program per (chunk,
-    K tile) holds that tile's columns of q, k and the gate and its rows of the state snapshots; the value-space
-    products are recomputed in each tile; on the H200 at K = 128 that is slower (GDN fwd+bwd 2.53 -> 2.86 ms at
-    ``block_k=64``, KDA 5.26 -> 5.75), so every table leaves it off.
-    ``one_reference_span`` (per-key gate): inside a 16-row diagonal block, one matmul around the block's first row
-    instead of one per level of the hierarchical factorisation (log2(16) = 4), exact where the cumulated gate moves
-    by less than this from that row (factors up to ``exp(span)``); a second launch with the levels rewrites the other
-    rows in place (``wy``, ``output``, ``grad``, ``grad_wy``); 0: the levels alone. Bf16 and float32 operands only.
-    On the H200 at the KDA anchor, against 0: the forward 9-16% less, the forward+backward 4-7% less, the gradient
-    pass 8-16% less (four commands). Compiled offline for sm90 the first launches execute 41-61% fewer instructions
-    and no longer spill. ``levels_chunks``: chunks per program of those second launches (the largest power of two
-    up to it that divides the chunk count); a program whose chunks all keep within the span exits after loading
-    their flags. On the H200, 8 against the previous form (one chunk per program, each loading its gate): KDA anchor
-    fwd+bwd 4.567 -> 4.184 ms (no chunk far), and 9-22% slower at the anchor and the 1B shape with nearly every
-    chunk far (``one_reference_span=1``).
-    ``state_bwd_hdh_from``: with ``K * V`` (padded head dims) at least this, the reverse state pass also computes
-    the gradient pass's ``sum_v h dh`` per chunk (from its float32 carry and the forward's snapshot of ``h``), so
-    that the gradient kernel does not multiply the two ``[K, V]`` snapshots (``None``: never). Compiled for sm90 at
-    the KDA anchor that takes ``grad`` from 178 to 128 registers and adds spills to ``state_bwd``; on the H200 it
-    pays at the KDA anchor and costs at K = 32 and at GDN's anchor (see the KDA table).
-    ``output_in_state`` (delta rule): the forward's output computed in the sequential state pass, per V tile, from
-    the carried state (``o = (scale Q exp(gamma)) h + P v_new``), with ``P`` stored by ``wy``, which forms the same
-    gate factors for ``A``: no output launch and no snapshot read for it, two more products per sequential step (off
-    the carried chain). On in the sm90 KDA table (with the next option; see there).
-    ``gate_cumsum_in_kernels`` (per-key gate at chunk 16): the kernels take the raw gate and sum each chunk they load
-    (a ``[16, 16]`` triangular float32 matmul), and the gradient pass stores the raw gate's gradient (the reverse
-    sums), in place of XLA's chunk cumsum and its VJP. At any other chunk (a ``chunk_size`` the caller picks) XLA
-    sums the gate as without it. On in the sm90 KDA table.
-    ``chunks_per_program`` (with ``K * V``, padded head dims, at least ``chunks_per_program_from``; ``None``: never):
-    each program of the chunk-parallel launches (``wy``, ``output``, ``grad``, ``grad_wy``; not the levels launches,
-    which take ``levels_chunks``) loops over this many consecutive chunks (the greatest common divisor of it and the
-    chunk count) instead of taking one. With the launch's ``num_stages`` at 2 Triton then prefetches the next chunk's
-    tiles (the state snapshots among them) while it computes one; without the loop the stages change nothing
-    (compiled for sm90 at the KDA model shapes: the same registers and shared memory). On in the sm90 KDA table at
-    K = V = 128 (see there); at K = 32, V = 64 and at GDN's anchor it is slower.
-    """
+    ``K``, ``V`` in the rules below are the padded head dims (powers of two >= 16). The evidence for each table
+    entry is in ``benchmarks/NOTES.md`` (the section named beside the entry)."""
 
     chunk: int = 64
+    """Rows per chunk when the caller passes ``chunk_size=None`` (a power of two >= 16)."""
     block_v: int = 32
-    inverse_bf16x3: bool = True
-    wy: Launch = Launch()  # intra-chunk WY transform: A = KK^T decay, (I + A)^-1, w, u
-    state: Launch = Launch()  # sequential inter-chunk state pass (forward)
-    output: Launch = Launch()  # parallel output pass
-    state_bwd: Launch = Launch()  # sequential reverse pass for dh and d(v_new)
-    grad: Launch = Launch()  # parallel gradient pass (dq, dk, dv, dbeta, dg)
-    split_grad_from: int | None = None
-    grad_wy: Launch = Launch()  # the WY part of the gradient pass when split
-    decay_operands_f32: bool = False
-    shared_memory: int = 48 * 1024
-    block_k: int | None = None
-    one_reference_span: int = 32
-    levels_chunks: int = 8
-    state_bwd_hdh_from: int | None = None
+    """V tile of the sequential state passes (one program per (batch, head, V tile) carries ``[K, block_v]``)."""
     block_v_bwd: int | None = None
+    """With the delta rule, the reverse state pass's V tile instead of ``block_v`` (``None``: ``block_v``)."""
+    shared_memory: int = 48 * 1024
+    """Bytes of shared memory (LDS) per block on the target GPU; sequential launches' stages are capped to fit."""
+    wy: Launch = Launch()
+    """The intra-chunk WY transform: ``A``, ``(I + A)^-1``, ``u``, ``w``."""
+    state: Launch = Launch()
+    """The sequential forward state pass."""
+    output: Launch = Launch()
+    """The chunk-parallel output launch."""
+    state_bwd: Launch = Launch()
+    """The sequential reverse state pass (``dh``, ``d(v_new)``)."""
+    grad: Launch = Launch()
+    """The chunk-parallel gradient pass (its first launch where it is split)."""
+    grad_wy: Launch = Launch()
+    """The gradient pass's second launch, through the WY transform, where it is split."""
+    split_grad_from: int | None = None
+    """With the delta rule, the gradient pass is two launches where ``K * V`` reaches this (``None``: always fused)."""
+    one_reference_span: int = 32
+    """Per-key gate: diagonal blocks in one matmul around their first row, exact where the gate moves by less."""
+    levels_chunks: int = 8
+    """Chunks per program of the levels launches that redo the rows the one-reference launch got wrong."""
+    state_bwd_hdh_from: int | None = None
+    """The reverse state pass also computes the gradient pass's ``sum_v h dh`` where ``K * V`` reaches this."""
     output_in_state: bool = False
+    """Delta rule: the forward state pass computes the output (``P`` from ``wy``): no output launch."""
     gate_cumsum_in_kernels: bool = False
+    """Per-key gate at chunk 16: the kernels sum the raw gate (and reverse-sum its gradient) instead of XLA."""
     chunks_per_program: int = 1
+    """Chunks each program of the chunk-parallel launches loops over (with ``num_stages`` 2: prefetch)."""
     chunks_per_program_from: int | None = 0
+    """``chunks_per_program`` applies where ``K * V`` reaches this (``None``: never)."""
+
+    def splits_grad(self, K: int, V: int) -> bool:
+        """Whether the gradient pass (delta rule) is two launches at padded head dims ``K``, ``V``."""
+        return _from(self.split_grad_from, K, V)
+
+    def chunks_per_program_at(self, K: int, V: int) -> int:
+        """Chunks per program of the chunk-parallel launches at padded head dims ``K``, ``V``."""
+        return max(1, self.chunks_per_program) if _from(self.chunks_per_program_from, K, V) else 1
+
+    def hdh_in_state_bwd(self, K: int, V: int) -> bool:
+        """Whether the reverse state pass computes ``sum_v h dh`` at padded head dims ``K``, ``V``."""
+        return _from(self.state_bwd_hdh_from, K, V)
+
+    def state_bwd_block_v(self, delta: bool) -> int:
+        """The reverse state pass's V tile before clipping to V."""
+        return (self.block_v_bwd if delta else None) or self.block_v
+
+    def sums_gate(self, per_key: bool, chunk: int) -> bool:
+        """Whether the kernels take the raw gate and sum it themselves: ``gate_cumsum_in_kernels`` with a per-key
+        gate at chunk 16 only, where a chunk is one row block (so the gradient pass's levels launch, which rewrites
+        whole blocks, also rewrites every row the reverse sum of the gate's gradient mixes); elsewhere XLA sums."""
+        return self.gate_cumsum_in_kernels and per_key and chunk == 16
+
+
+def _from(threshold: int | None, K: int, V: int) -> bool:
+    """A config rule on the padded head dims: ``K * V`` at least ``threshold`` (``None``: never)."""
+    return threshold is not None and K * V >= threshold
+
+
+def override(cfg: RecurrentConfig, text: str) -> RecurrentConfig:
+    """``cfg`` with ``FIELD=VALUE[,FIELD=VALUE...]`` changed: VALUE ``true``/``false``/``none`` or an integer; FIELD a
+    field of :class:`RecurrentConfig` or ``KERNEL.FIELD`` of one launch (e.g. ``grad.num_stages=2``). An unknown
+    field is a ``ValueError`` naming the fields there are."""
+    words = {"true": True, "false": False, "none": None}
+    for item in text.split(","):
+        field, _, text_value = item.partition("=")
+        kernel, _, launch_field = field.rpartition(".")
+        owner = getattr(cfg, kernel, None) if kernel else cfg
+        names = [f.name for f in dataclasses.fields(owner)] if dataclasses.is_dataclass(owner) else []
+        if (launch_field if kernel else field) not in names or (kernel and not isinstance(owner, Launch)):
+            raise ValueError(f"unknown config field {field!r} in {text!r}: fields are "
+                             f"{[f.name for f in dataclasses.fields(cfg)]} and KERNEL.num_warps / KERNEL.num_stages")
+        try:
+            value = words[text_value.lower()] if text_value.lower() in words else int(text_value)
+        except ValueError:
+            raise ValueError(f"{field}: value {text_value!r} must be an integer, true, false or none") from None
+        if kernel:
+            value = dataclasses.replace(owner, **{launch_field: value})
+        cfg = dataclasses.replace(cfg, **{kernel or field: value})
+    return cfg
 
 
 def fit_stages(launch: Launch, bytes_per_stage: int, shared_memory: int) -> Launch:
     """``launch`` with no more pipeline stages than fit ``shared_memory`` (at least one).
 
-    Triton keeps each stage's copy of a loop iteration's loads in shared memory: on the H200 the GDN state pass at
-    chunk 64, K = V = 64 (loads of 24,832 bytes per chunk) allocated exactly 2 x 24,832 bytes at 2 stages. A launch
-    tuned at one chunk can therefore overflow at a longer one (KDA's 3-stage state passes, tuned at chunk 16, did
-    not launch at chunk 64 and K = 128). An eighth of the memory is left for layout conversions."""
+    Triton keeps each stage's copy of a loop iteration's loads in shared memory, so a launch tuned at one chunk can
+    overflow at a longer one. An eighth of the memory is left for layout conversions."""
     fit = max(1, shared_memory * 7 // 8 // bytes_per_stage)
     return launch if launch.num_stages <= fit else dataclasses.replace(launch, num_stages=fit)
 
 
+# The tables: evidence in benchmarks/NOTES.md, one section per entry (named in the comment beside it).
 RECURRENT: dict[str, RecurrentConfig] = {
-    # Gradient pass split at K = V = 128 (H200, B8 T2048 H16: fwd+bwd 3.46 -> 2.64 ms, the fused kernel spills);
-    # at K = V = 64 the two forms are within 6% either way (300M shape fused 0.79 vs split 0.84 ms; 1B 1.37 vs 1.31).
-    # The ROCm entries take the same rule, unmeasured.
-    # sm90 block_v_bwd=32 (H200, fwd+bwd ms, the table without -> with, one process each): GDN anchor 2.279 -> 2.158
-    # and 2.253 -> 2.206 (the latter with block_v=32 for both state passes), 300M shape 0.655 -> 0.640, 1B shape
-    # 1.142 -> 1.123. Mamba2 (no delta rule) keeps block_v: 0.986 -> 1.042 at its 300M shape, 1.549 -> 1.613 at
-    # the SSD anchor.
-    "sm90": RecurrentConfig(
+    "sm90": RecurrentConfig(  # NOTES.md "sm90 GDN table"
         block_v=64,
         block_v_bwd=32,
         shared_memory=227 * 1024,
@@ -129,11 +139,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
         split_grad_from=128 * 128,
         grad_wy=Launch(4, 1),
     ),
-    # ROCm entries: untimed on AMD GPUs. Compiled offline (benchmarks/kernel_resources.py), the gradient pass at 8
-    # warps spills VGPRs at every GDN / GLA shape (gfx942: 190 VGPRs spilled at the 300M GDN shape, 119 at the anchor;
-    # gfx950: 125 and 95); at 4 warps it spills none, so 4 it is. Every launch fits the LDS.
-    # 64 KiB LDS: keep state tiles small and a single stage.
-    "gfx942": RecurrentConfig(
+    "gfx942": RecurrentConfig(  # NOTES.md "ROCm tables": untimed on AMD GPUs, compiled offline without spills
         block_v=32,
         shared_memory=64 * 1024,
         wy=Launch(4, 1),
@@ -144,7 +150,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
         split_grad_from=128 * 128,
         grad_wy=Launch(4, 1),
     ),
-    "gfx950": RecurrentConfig(
+    "gfx950": RecurrentConfig(  # NOTES.md "ROCm tables"
         block_v=64,
         shared_memory=160 * 1024,
         wy=Launch(4, 1),
@@ -158,40 +164,9 @@ RECURRENT: dict[str, RecurrentConfig] = {
     "fallback": RecurrentConfig(),
 }
 
-# KDA (per-key gate). Chunk 16. On the H200 (B8 T2048, fwd / fwd+bwd ms), with each decayed product as log2(C)
-# masked [C, K] x [K, C] matmuls over the whole chunk (the factorisation before chunks were split into 16-row blocks),
-# chunk 64 -> 32 -> 16: anchor H16 K=V=128 4.55/18.07 -> 2.71/8.85 -> 2.40/5.91, 300M shape (H8 K32 V64)
-# 0.82/1.86 -> 0.91/1.91 -> 0.68/1.46, 1B shape (H16 K32 V64) 1.29/2.92 -> 1.47/3.21 -> 1.05/2.23, and the forward
-# error against float32 drops (6.7e-3 -> 4.9e-3 at the 300M shape). With 16-row blocks (chunk_pallas.SUB, the current
-# kernels) chunks 32 / 64 at the 300M shape are 0.46/1.34 and 0.58/1.76 against chunk 16's 0.39/1.10 (tuned), and at
-# the anchor (with fit_stages capping the state passes' stages) 2.78/8.36 and 4.96/32.73 against 1.62-1.72/5.15-5.18.
-# The gradient pass is always split (at chunk 64: 2.40 -> 1.92 ms at the 300M shape, 3.44 -> 3.05 ms at the 1B
-# shape, equal at K = V = 128).
-# sm90: ``benchmarks/autotune.py --shape kda_300m kda_1b kda_anchor`` at chunk 16 (sum over the three shapes, ms):
-# wy 8 warps/2 stages -> 4/1: 1.85 -> 1.07; state 4/2 -> 4/3: 1.31 -> 1.04; output 8/2 -> 2/3: 1.83 -> 1.15;
-# state_bwd 4/2 -> 4/3: 1.81 -> 1.67; grad and block_v unchanged. The ROCm entries are the GDN launches at chunk 16
-# with the split gradient pass and 8-warp `grad`, untimed.
-# Round 13 (back-to-back timing, one process, table -> variant, fwd+bwd ms, anchor / 300M / 1B shape):
-# wy 4 -> 2 warps 3.518 -> 3.513, 0.628 -> 0.617, 1.002 -> 0.992 (forward 1.034 -> 1.023, 0.203 -> 0.194,
-# 0.314 -> 0.290); GDN's block_v_bwd=32 3.518 -> 3.911, 0.628 -> 0.612, 1.002 -> 1.041 (KDA keeps block_v);
-# chunk 32 at the anchor 3.562 -> 5.534. A sweep of every launch at the anchor found nothing else faster by over 2%.
-# Round 14: chunk 32 with launches that spill only in output (offline: wy 4 warps, output 4, state_bwd and grad_wy
-# 8) 3.469 -> 4.508 at the anchor, 0.606 -> 1.034 and 0.976 -> 1.801 at the 300M / 1B shapes.
-# ``state_bwd_hdh_from`` at K * V >= 128 * 128 only. Two H200s of one host, each timing the build without it and
-# with it everywhere (fwd+bwd ms, without -> with): KDA anchor 4.080 -> 3.952 and 4.328 -> 3.991 (``grad`` 2.09 ->
-# 1.73, ``state_bwd`` 0.71 -> 0.85-0.97); 1B shape 1.286 -> 1.471, 1.385 -> 1.398; 300M shape 0.851 -> 1.028,
-# 0.879 -> 0.932; GDN anchor 2.599 -> 2.732, 2.592 -> 2.652. ROCm: untimed, left off.
-# Round 16 (one process per command, fwd+bwd ms, anchor / 300M / 1B shape): ``output_in_state`` and
-# ``gate_cumsum_in_kernels`` together 3.564 -> 3.251, 0.610 -> 0.588, 0.968 -> 0.948 (each alone at the anchor:
-# 3.630, 3.362); with them ``grad`` at 4 warps (8 before) 3.232 -> 3.195, 0.592 -> 0.547, 0.953 -> 0.863, and the
-# whole change against the old entry in one process 3.487 -> 3.234, 0.611 -> 0.546, 0.997 -> 0.846 (our GDN anchor
-# 2.104: 1.54x). Not taken: the fused gradient pass 3.220, ``state_bwd_hdh_from=None`` 3.457. ROCm: untimed, off.
-# Round 17 (one process, fwd+bwd ms, the table -> 4 chunks per program with 2 stages in wy, grad and grad_wy): anchor
-# 3.246 -> 2.829 (grad 1.485 -> 1.086, wy 0.306 -> 0.281; our GDN anchor 2.141: 1.52x -> 1.32x), 300M shape 0.551 ->
-# 0.602, 1B shape 0.837 -> 0.905 (2 chunks: 2.872, 0.576, 0.898), so only from K * V = 128 * 128; the GDN table keeps
-# one chunk per program (its anchor 2.141 -> 2.384). ROCm: untimed, off.
+# KDA (per-key gate): chunk 16, the gradient pass always split.
 RECURRENT_KDA: dict[str, RecurrentConfig] = {
-    "sm90": dataclasses.replace(
+    "sm90": dataclasses.replace(  # NOTES.md "sm90 KDA table"
         RECURRENT["sm90"],
         chunk=16,
         block_v_bwd=None,
@@ -208,7 +183,7 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         chunks_per_program=4,
         chunks_per_program_from=128 * 128,
     ),
-    # KDA's gradient pass keeps 8 warps on ROCm: it spills nothing there (at most 214 VGPRs, offline compile).
+    # NOTES.md "ROCm tables": the GDN entries at chunk 16, 8-warp grad (no spills offline)
     "gfx942": dataclasses.replace(RECURRENT["gfx942"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),
     "gfx950": dataclasses.replace(RECURRENT["gfx950"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),
     "fallback": RecurrentConfig(chunk=16),
@@ -260,8 +235,8 @@ class AttentionConfig:
 
 
 # Keyed by (arch, padded head dim 64 or 128), bf16 inputs; a float32 input halves block_k (see flash_attention.py).
+# Evidence: NOTES.md "attention tables".
 ATTENTION: dict[tuple[str, int], AttentionConfig] = {
-    # sm90: the best of benchmarks/attention.py --sweep on an H200 (B8 T2048 H16, bf16, causal).
     ("sm90", 64): AttentionConfig(
         fwd=AttentionKernel(64, 64, Launch(4, 3)),
         dkdv=AttentionKernel(64, 64, Launch(4, 3)),

@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hybrid_jax.kernels import chunk_pallas
-from hybrid_jax.kernels.chunk_pallas import chunk_recurrence
 from hybrid_jax.kernels.flash_attention import flash_attention
+from hybrid_jax.kernels.recurrent import backward as recurrent_backward
+from hybrid_jax.kernels.recurrent import chunk_recurrence
+from hybrid_jax.kernels.recurrent import forward as recurrent_forward
 from hybrid_jax.kernels.tuning import Launch, attention_config, fit_stages, recurrent_config
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -39,13 +40,12 @@ def _sds(*shape, dtype=jnp.bfloat16):
 
 
 def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
-                     f32_decay: bool = False, chunk: int | None = None, fused: bool = False,
-                     block_k: int | None = None, hdh: bool = False, output_in_state: bool | None = None,
-                     gate_sums: bool | None = None, per_program: int | None = None) -> Case:
+                     chunk: int | None = None, fused: bool = False, hdh: bool = False,
+                     output_in_state: bool | None = None, gate_sums: bool | None = None,
+                     per_program: int | None = None) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
     heads, K=V=64, T ragged (200). ``split`` / ``fused``: the gradient pass as two launches / one (else the table's
-    rule); ``f32_decay``: KDA's forward decayed products from float32 operands; ``chunk``: instead of the table's
-    (KDA at 64: four 16-row blocks per chunk); ``block_k``: the gradient pass in K tiles; ``hdh``: the reverse state
+    rule); ``chunk``: instead of the table's (KDA at 64: four 16-row blocks per chunk); ``hdh``: the reverse state
     pass computes ``sum_v h dh`` (``state_bwd_hdh_from``); ``output_in_state``: the forward state pass computes the
     output (``P`` from ``wy``, no output launch); ``gate_sums``: the kernels sum the raw gate
     (``gate_cumsum_in_kernels``); these two, None: as the table has them (the sm90 KDA table sets both);
@@ -61,8 +61,6 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
             config = recurrent_config(arch, per_key=per_key)
             config = dataclasses.replace(config, split_grad_from=0) if split else config
             config = dataclasses.replace(config, split_grad_from=None) if fused else config
-            config = dataclasses.replace(config, decay_operands_f32=True) if f32_decay else config
-            config = dataclasses.replace(config, block_k=block_k)
             config = dataclasses.replace(config, state_bwd_hdh_from=0) if hdh else config
             config = config if output_in_state is None else dataclasses.replace(config, output_in_state=output_in_state)
             config = config if gate_sums is None else dataclasses.replace(config, gate_cumsum_in_kernels=gate_sums)
@@ -105,13 +103,8 @@ CASES = [
     _recurrence_case("kda_fwd_bwd", delta=True, backward=True, per_key=True),
     _recurrence_case("gdn_fwd_bwd_split_grad", delta=True, backward=True, split=True),
     _recurrence_case("kda_fwd_bwd_split_grad", delta=True, backward=True, per_key=True, split=True),
-    _recurrence_case("kda_fwd_f32_decay", delta=True, backward=False, per_key=True, f32_decay=True),
     _recurrence_case("kda_chunk64_fwd_bwd_split_grad", delta=True, backward=True, per_key=True, split=True, chunk=64),
     _recurrence_case("kda_chunk64_fwd_bwd_fused_grad", delta=True, backward=True, per_key=True, fused=True, chunk=64),
-    _recurrence_case("gdn_fwd_bwd_block_k32", delta=True, backward=True, block_k=32),
-    _recurrence_case("gla_fwd_bwd_block_k32", delta=False, backward=True, block_k=32),
-    _recurrence_case("kda_fwd_bwd_split_grad_block_k32", delta=True, backward=True, per_key=True, split=True,
-                     block_k=32),
     _recurrence_case("gdn_fwd_bwd_hdh_in_state_bwd", delta=True, backward=True, hdh=True),
     _recurrence_case("kda_fwd_bwd_split_grad_hdh_in_state_bwd", delta=True, backward=True, per_key=True, split=True,
                      hdh=True),
@@ -166,7 +159,8 @@ def test_state_passes_fit_shared_memory(monkeypatch, per_key, K, V, chunk, stage
         calls.append((per_stage, fitted.num_stages))
         return fitted
 
-    monkeypatch.setattr(chunk_pallas, "fit_stages", spy)
+    monkeypatch.setattr(recurrent_forward, "fit_stages", spy)
+    monkeypatch.setattr(recurrent_backward, "fit_stages", spy)
     B, T, H, HV = 1, 128, 2, 2
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V),
             _sds(*((B, T, HV, K) if per_key else (B, T, HV)), dtype=jnp.float32), _sds(B, T, HV))

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
-from hybrid_jax.kernels import api, chunk_pallas, reference, tuning
-from hybrid_jax.kernels.chunk_pallas import _block_gram, chunk_recurrence
+from hybrid_jax.kernels import api, recurrent, reference, tuning
+from hybrid_jax.kernels.recurrent import block_math, chunk_recurrence, op
+from hybrid_jax.kernels.recurrent.launch import far_chunks, over_chunks
 from tests.conftest import jaxpr_equations
 
 ARGS = ("q", "k", "v", "g", "beta", "h0")
@@ -120,17 +121,16 @@ def test_split_gradient_pass(per_key):
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
-@pytest.mark.parametrize("split_grad_from, block_k", [(None, None), (0, None), (0, 16)],
-                         ids=["fused", "split", "split-key-tiles"])
+@pytest.mark.parametrize("split_grad_from", [None, 0], ids=["fused", "split"])
 @pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
-def test_hdh_from_the_reverse_state_pass(kind, split_grad_from, block_k):
+def test_hdh_from_the_reverse_state_pass(kind, split_grad_from):
     """With ``state_bwd_hdh_from`` the reverse state pass computes the gradient pass's ``sum_v h dh`` (summed over
-    two V tiles of 16; with ``block_k``, read by two K tiles): the same values and gradients."""
+    two V tiles of 16): the same values and gradients."""
     per_key = kind == "kda"
     inputs, weights = make_inputs(16, T=37, K=32, V=32, delta=kind != "gla", per_key=per_key)
     config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_v=16, state_bwd_hdh_from=0,
-                                 split_grad_from=split_grad_from, block_k=block_k)
-    assert chunk_pallas.hdh_in_state_bwd(config, 32, 32)
+                                 split_grad_from=split_grad_from)
+    assert config.hdh_in_state_bwd(32, 32)
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
@@ -142,21 +142,6 @@ def test_reverse_state_pass_with_its_own_value_tile(kind):
     inputs, weights = make_inputs(17, T=37, K=32, V=64, delta=True, per_key=per_key)
     config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_v=64, block_v_bwd=16,
                                  state_bwd_hdh_from=0)
-    check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
-
-
-@pytest.mark.parametrize("split_grad_from", [None, 0], ids=["fused", "split"])
-@pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
-def test_gradient_pass_tiled_over_keys(kind, split_grad_from):
-    """The gradient pass in K tiles (``block_k``: two tiles of 16 at K = 32, the value-space terms counted once, the
-    sums over K added from per-tile parts) gives the same values and gradients. KDA: with a gate that falls by 100
-    at row 20 in the second tile's channels only, so that the tiles disagree on which rows the levels redo."""
-    per_key = kind == "kda"
-    inputs, weights = make_inputs(15, T=37, K=32, delta=kind != "gla", per_key=per_key)
-    if per_key:
-        inputs["g"] = inputs["g"].at[:, 20, :, 16:].add(-100.0)
-    config = dataclasses.replace(tuning.recurrent_config(per_key=per_key), block_k=16,
-                                 split_grad_from=split_grad_from)
     check(inputs, weights, chunk=16, final_state=True, fwd_tol=1e-4, grad_tol=1e-4, config=config)
 
 
@@ -216,22 +201,18 @@ def test_output_in_the_state_pass(kind, chunk):
     assert "output_fwd" not in jaxpr_text(pallas(chunk, config), *args)
 
 
-@pytest.mark.parametrize("case", ["steep-fused", "falling-split", "key-tiles-split", "with-output-in-state"])
+@pytest.mark.parametrize("case", ["steep-fused", "falling-split", "with-output-in-state"])
 def test_kda_gate_sums_in_kernels(case, monkeypatch):
     """``gate_cumsum_in_kernels``: the kernels take the raw gate, sum each chunk themselves and return the raw gate's
     gradient: the same values and gradients. Gates down to -20 per step with -1000 entries (fused gradient pass); a
     gate falling by 100 at row 20, so that the levels launches redo a chunk (split gradient pass: the reverse sum
-    in the second launch); the same fall in the second K tile's channels only, the gradient pass in two K tiles;
-    and with the output computed in the forward state pass. XLA's chunk cumsum is not called."""
-    inputs, weights = make_inputs(22, B=1, T=37, K=32 if case == "key-tiles-split" else 16, V=16, per_key=True,
+    in the second launch); and with the output computed in the forward state pass. XLA's chunk cumsum is not called."""
+    inputs, weights = make_inputs(22, B=1, T=37, K=16, V=16, per_key=True,
                                   g_min=-20.0 if case == "steep-fused" else None)
     config = dataclasses.replace(tuning.recurrent_config(per_key=True), gate_cumsum_in_kernels=True,
                                  split_grad_from=None if case == "steep-fused" else 0)
     if case == "steep-fused":
         inputs["g"] = inputs["g"].at[:, 5::11, :, ::3].set(-1000.0)
-    elif case == "key-tiles-split":
-        inputs["g"] = inputs["g"].at[:, 20, :, 16:].add(-100.0)
-        config = dataclasses.replace(config, block_k=16)
     else:
         inputs["g"] = inputs["g"].at[:, 20].add(-100.0)
         config = dataclasses.replace(config, output_in_state=case == "with-output-in-state")
@@ -240,7 +221,7 @@ def test_kda_gate_sums_in_kernels(case, monkeypatch):
     def xla_cumsum(*_):
         raise AssertionError("XLA's chunk cumsum was called")
 
-    monkeypatch.setattr(chunk_pallas, "chunk_local_cumsum", xla_cumsum)
+    monkeypatch.setattr(op, "chunk_local_cumsum", xla_cumsum)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
     jaxpr_text(pallas(16, config), *args)
     with pytest.raises(AssertionError, match="chunk cumsum"):  # without the option it is called
@@ -254,8 +235,8 @@ def test_kda_gate_sums_in_kernels_flags_and_chunk():
     g = jax.random.uniform(jax.random.PRNGKey(23), (2, 64, 3, 32), minval=-0.5, maxval=0.0)
     g = g.at[0, 16:32, 1, 3].set(-1.0).at[1, 40:48, 2, 20].set(-2.0)  # two chunks move by 15 and 16 in one channel
     for gate in (g, g.at[:, 1::2].multiply(-1.0)):
-        cumulated = chunk_pallas._far_chunks(chunk_pallas.chunk_local_cumsum(gate, 16), 8.0, 16, 16)
-        raw = chunk_pallas._far_chunks(gate, 8.0, 16, 16, cumulated=False)
+        cumulated = far_chunks(recurrent.chunk_local_cumsum(gate, 16), 8.0, 16)
+        raw = far_chunks(gate, 8.0, 16, cumulated=False)
         assert np.all(np.asarray(raw) >= np.asarray(cumulated))
         if gate is g:
             assert float(cumulated.sum()) == 2  # the two steep chunks
@@ -263,12 +244,12 @@ def test_kda_gate_sums_in_kernels_flags_and_chunk():
         else:  # rows of alternating sign cancel in the sums, not in the bound
             assert float(raw.sum()) > float(cumulated.sum())
     config = dataclasses.replace(tuning.recurrent_config(per_key=True), gate_cumsum_in_kernels=True)
-    assert chunk_pallas.kernel_gate(g, 16, config) is g
-    np.testing.assert_array_equal(np.asarray(chunk_pallas.kernel_gate(g, 32, config)),  # other chunks: XLA sums
-                                  np.asarray(chunk_pallas.chunk_local_cumsum(g, 32)))
+    assert recurrent.kernel_gate(g, 16, config) is g
+    np.testing.assert_array_equal(np.asarray(recurrent.kernel_gate(g, 32, config)),  # other chunks: XLA sums
+                                  np.asarray(recurrent.chunk_local_cumsum(g, 32)))
     scalar = g[..., 0]  # the scalar gate keeps XLA's cumsum
-    np.testing.assert_array_equal(np.asarray(chunk_pallas.kernel_gate(scalar, 32, config)),
-                                  np.asarray(chunk_pallas.chunk_local_cumsum(scalar, 32)))
+    np.testing.assert_array_equal(np.asarray(recurrent.kernel_gate(scalar, 32, config)),
+                                  np.asarray(recurrent.chunk_local_cumsum(scalar, 32)))
 
 
 def test_kda_gate_sums_option_at_another_chunk():
@@ -293,19 +274,6 @@ def test_kda_float32_shorter_than_chunk_no_states():
 def test_kda_bfloat16():
     inputs, weights = make_inputs(12, B=1, T=45, dtype=jnp.bfloat16, per_key=True)
     check(inputs, weights, chunk=32, final_state=True, fwd_tol=5e-3, grad_tol=2e-2, against_xla=False)
-
-
-def test_kda_float32_decay_operands_round_less():
-    """``decay_operands_f32``: same values and gradients (bf16 tolerances), and a forward closer to the exact one than
-    with the decayed products' operands rounded to bf16."""
-    inputs, weights = make_inputs(14, B=1, T=128, H=2, HV=2, K=32, V=32, dtype=jnp.bfloat16, per_key=True)
-    config = dataclasses.replace(tuning.recurrent_config(per_key=True), decay_operands_f32=True)
-    check(inputs, weights, chunk=64, final_state=True, fwd_tol=5e-3, grad_tol=2e-2, against_xla=False, config=config)
-    exact, _ = naive(**{n: inputs[n] for n in ("q", "k", "v", "g", "beta")}, initial_state=inputs["h0"])
-    errors = [rel_rms(pallas(64, c)(**{n: inputs[n] for n in ("q", "k", "v", "g", "beta")},
-                                    initial_state=inputs["h0"])[0], exact)
-              for c in (config, tuning.recurrent_config(per_key=True))]
-    assert errors[0] < errors[1], errors
 
 
 @pytest.mark.parametrize("chunk", [32, 64])
@@ -353,7 +321,7 @@ def test_kda_one_reference_diagonal_products(strict):
     step = -jax.random.uniform(ks[2], (16, 32), maxval=0.3)
     mild = jnp.cumsum(step, axis=0)
     fallen = mild.at[8:].add(-100.0)
-    gram = jax.jit(lambda gam, span: _block_gram([a], [b], [gam], strict, False, span)[0][0], static_argnums=1)
+    gram = jax.jit(lambda gam, span: block_math.block_gram([a], [b], [gam], strict, span)[0][0], static_argnums=1)
     for gam in (mild, fallen):
         levels = np.asarray(gram(gam, 0.0))
         assert rel_rms(levels, exact_gram(a, b, gam, strict)) <= 1e-6
@@ -373,14 +341,12 @@ def launch_grids(fn, *args) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("kind, T, split, options", [
     ("gdn", 120, None, {}), ("gla", 64, None, {}), ("kda", 96, 0, {}), ("kda", 64, None, {"output_in_state": True}),
-    ("kda", 64, 0, {"block_k": 16}),
-], ids=["gdn-fused", "gla", "kda-split-six-chunks", "kda-fused-output-in-state", "kda-split-key-tiles"])
+], ids=["gdn-fused", "gla", "kda-split-six-chunks", "kda-fused-output-in-state"])
 def test_chunks_per_program(kind, T, split, options):
     """``chunks_per_program=4``: each program of the chunk-parallel launches (``wy``, ``output``, ``grad``,
     ``grad_wy``) loops over 4 consecutive chunks of 16 (2 where there are 6), and values and gradients are the one-chunk
     programs' to float32 rounding (on the CPU XLA may round a loop's float32 sums differently). KDA: the gate falls
-    by 100 at row 20, so that the levels launches redo a chunk too; ``block_k``: the gradient pass also over two K
-    tiles (a fourth grid axis)."""
+    by 100 at row 20, so that the levels launches redo a chunk too."""
     per_key, delta = kind == "kda", kind != "gla"
     inputs, weights = make_inputs(31, B=1, T=T, K=32, V=32, per_key=per_key, delta=delta)
     if per_key:
@@ -401,10 +367,10 @@ def test_chunks_per_program(kind, T, split, options):
     assert ("grad_wy_bwd" in one_grids) == (split == 0)
     assert ("output_fwd" in one_grids) != options.get("output_in_state", False)
     for name, grid in one_grids.items():  # the chunk-parallel launches: N programs per head, then N / per_program
-        want = grid[:2] + (N // per_program,) + grid[3:] if name in chunk_parallel else grid
+        want = grid[:2] + (N // per_program,) if name in chunk_parallel else grid
         assert name not in chunk_parallel or grid[:3] == (1, 2, N), (name, grid)
         assert looped_grids[name] == want, (name, grid, looped_grids[name])
-    assert looped_grids["grad_bwd"][3:] == ((2,) if "block_k" in options else ())
+    assert len(looped_grids["grad_bwd"]) == 3
     expected, got = (jax.tree.leaves(value_and_grads(pallas(16, c), inputs, weights, final_state=True))
                      for c in (one, looped))
     assert len(got) == len(expected) == 2 + len([n for n in ARGS if inputs[n] is not None])
@@ -416,13 +382,13 @@ def test_chunks_per_program_rule():
     """The loop applies where the padded ``K * V`` reaches ``chunks_per_program_from`` (``None``: never); the sm90 KDA
     table loops at K = V = 128 only (slower at K = 32, V = 64), its GDN table not at all (slower at its anchor)."""
     rule = tuning.RecurrentConfig(chunks_per_program=4, chunks_per_program_from=128 * 128)
-    assert chunk_pallas.chunks_per_program(rule, 128, 128) == 4
-    assert chunk_pallas.chunks_per_program(rule, 32, 64) == 1
-    assert chunk_pallas.chunks_per_program(dataclasses.replace(rule, chunks_per_program_from=None), 128, 128) == 1
-    assert chunk_pallas.chunks_per_program(dataclasses.replace(rule, chunks_per_program_from=0), 32, 64) == 4
+    assert rule.chunks_per_program_at(128, 128) == 4
+    assert rule.chunks_per_program_at(32, 64) == 1
+    assert dataclasses.replace(rule, chunks_per_program_from=None).chunks_per_program_at(128, 128) == 1
+    assert dataclasses.replace(rule, chunks_per_program_from=0).chunks_per_program_at(32, 64) == 4
     kda = tuning.recurrent_config("sm90", per_key=True)
-    assert (chunk_pallas.chunks_per_program(kda, 128, 128), chunk_pallas.chunks_per_program(kda, 32, 64)) == (4, 1)
-    assert chunk_pallas.chunks_per_program(tuning.recurrent_config("sm90"), 128, 128) == 1
+    assert (kda.chunks_per_program_at(128, 128), kda.chunks_per_program_at(32, 64)) == (4, 1)
+    assert tuning.recurrent_config("sm90").chunks_per_program_at(128, 128) == 1
 
 
 def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_chunks: int = 8,
@@ -436,16 +402,17 @@ def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_
     q, k, v, g, beta, h0 = (inputs[n] for n in ARGS)
     cfg = dataclasses.replace(tuning.recurrent_config(per_key=True), levels_chunks=levels_chunks,
                               state_bwd_hdh_from=0 if want_hdh else None)
-    st = chunk_pallas.Static(0.25, 16, cfg, True)
-    gam = chunk_pallas.chunk_local_cumsum(g, 16)
-    u, w, t = chunk_pallas.wy(st, k, v, gam, beta)
-    h, vn, _ = chunk_pallas.state_fwd(st, k, gam, w, u, h0)
-    _, p = chunk_pallas.output(st, q, k, vn, gam, h)
+    static = recurrent.Static(0.25, 16, cfg, True)
+    gamma = recurrent.chunk_local_cumsum(g, 16)
+    u, w, t = recurrent.wy(static, k, v, gamma, beta)
+    h, v_new, _ = recurrent.state_fwd(static, k, gamma, w, u, h0)
+    _, p = recurrent.output(static, q, k, v_new, gamma, h)
     do = weights[0].astype(v.dtype)
-    dh, dvn, _, hdh = chunk_pallas.state_bwd(st, q, k, gam, w, p, do, weights[1], h)
+    res = recurrent.Residuals(q, k, v, gamma, beta, w, t, h, v_new, p)
+    dh, dv_new, _, hdh = recurrent.state_bwd(static, res, do, weights[1])
     assert (hdh is not None) == want_hdh
-    return st, {"wy": (k, v, gam, beta), "wy_p": (k, v, gam, beta, q), "output": (q, k, vn, gam, h),
-                "grad": (q, k, v, beta, gam, t, h, dh, hdh, vn, dvn, do)}
+    return static, {"wy": (k, v, gamma, beta), "wy_p": (k, v, gamma, beta, q), "output": (q, k, v_new, gamma, h),
+                    "grad": (res, dh, hdh, dv_new, do)}
 
 
 @pytest.mark.parametrize("T, fall_rows, levels_chunks", [(48, (20,), 8), (64, (5, 36), 4), (64, (36,), 2)],
@@ -462,8 +429,7 @@ def test_kda_one_reference_passes_and_their_fallback(stage, T, fall_rows, levels
     whole recurrence on such a gate: ``test_kda_one_reference_fallback_end_to_end``."""
     st, args = kda_stage_inputs(17, fall_rows, T, levels_chunks, want_hdh=stage == "grad_hdh")
     stage = stage.removesuffix("_hdh")
-    launch = {"wy": chunk_pallas.wy, "wy_p": chunk_pallas.wy, "output": chunk_pallas.output,
-              "grad": chunk_pallas.grad}[stage]
+    launch = {"wy": recurrent.wy, "wy_p": recurrent.wy, "output": recurrent.output, "grad": recurrent.grad}[stage]
     mixed, fast = (launch(st, *args[stage], redo_far=redo) for redo in (True, False))
     st_levels = dataclasses.replace(st, cfg=dataclasses.replace(st.cfg, one_reference_span=0))
     levels = launch(st_levels, *args[stage])
@@ -484,13 +450,13 @@ def test_levels_launch_spans_chunks_on_axis_1_only():
     """The levels launch widens each chunk-parallel BlockSpec to several chunks along axis 1 (``C`` rows, or one
     squeezed per-chunk entry such as a state snapshot); a spec that follows the chunk on another axis is an error,
     not a silently wrong block."""
-    rows = pl.BlockSpec((None, 16, None, 32), lambda b, h, c, kt=0: (b, c, h // 2, kt))
-    snap = pl.BlockSpec((None, None, None, 32, 64), lambda b, h, c, kt=0: (b, c, h, kt, 0))
-    assert chunk_pallas._over_chunks(rows, 4).block_shape == (None, 64, None, 32)
-    assert chunk_pallas._over_chunks(snap, 4).block_shape == (None, 4, None, 32, 64)
-    per_head_first = pl.BlockSpec((None, None, None, 32), lambda b, h, c, kt=0: (b, h, c, kt))
+    rows = pl.BlockSpec((None, 16, None, 32), lambda b, h, c: (b, c, h // 2, 0))
+    snap = pl.BlockSpec((None, None, None, 32, 64), lambda b, h, c: (b, c, h, 0, 0))
+    assert over_chunks(rows, 4).block_shape == (None, 64, None, 32)
+    assert over_chunks(snap, 4).block_shape == (None, 4, None, 32, 64)
+    per_head_first = pl.BlockSpec((None, None, None, 32), lambda b, h, c: (b, h, c, 0))
     with pytest.raises(ValueError, match="axis 1"):
-        chunk_pallas._over_chunks(per_head_first, 4)
+        over_chunks(per_head_first, 4)
 
 
 @pytest.mark.parametrize("chunk, fall_row", [(16, 20), (32, 8)])
@@ -510,13 +476,13 @@ def test_chunk_local_cumsum_and_its_vjp(per_key, chunk):
     gate's chunk of 32 or 64 is summed in blocks of 16 and offset by the earlier blocks' totals)."""
     g = jax.random.normal(jax.random.PRNGKey(20), (2, 192, 3, 8) if per_key else (2, 192, 3))
     ct = jax.random.normal(jax.random.PRNGKey(21), g.shape)
-    out, vjp = jax.vjp(lambda x: chunk_pallas.chunk_local_cumsum(x, chunk), g)
+    out, vjp = jax.vjp(lambda x: recurrent.chunk_local_cumsum(x, chunk), g)
     chunks = np.asarray(g).reshape(2, 192 // chunk, chunk, *g.shape[2:])
     np.testing.assert_allclose(out, np.cumsum(chunks, axis=2).reshape(g.shape), rtol=1e-6, atol=1e-5)
     rev = np.flip(np.cumsum(np.flip(np.asarray(ct).reshape(chunks.shape), 2), axis=2), 2)
     np.testing.assert_allclose(vjp(ct)[0], rev.reshape(g.shape), rtol=1e-6, atol=1e-5)
     t = chunk + 20  # the second chunk's row 20: its sum reads no later row, to the bit
-    later = jax.jit(lambda x: chunk_pallas.chunk_local_cumsum(x, chunk))(g.at[:, t + 1:].multiply(1e3))
+    later = jax.jit(lambda x: recurrent.chunk_local_cumsum(x, chunk))(g.at[:, t + 1:].multiply(1e3))
     np.testing.assert_array_equal(np.asarray(later[:, : t + 1]), np.asarray(out[:, : t + 1]))
 
 
