@@ -6,8 +6,8 @@
 A record is a JSON object with the keys of :data:`KEYS`:
 
 - ``name``: what was run (the part, or part and a qualifier: ``train_zebra_300m_gdn``);
-- ``commit``: ``git rev-parse HEAD`` of the tree being measured, else ``$BENCH_COMMIT``, else ``"unknown"`` (a
-  copy of the tree without its ``.git`` knows no commit: set ``BENCH_COMMIT`` when copying it);
+- ``commit``: ``$BENCH_COMMIT`` if set, else ``git rev-parse HEAD`` of the tree being measured, else ``"unknown"``
+  (a copy of the tree may carry no ``.git``, or another commit's: set ``BENCH_COMMIT`` when copying it);
   ``dirty``: whether tracked files differ from that commit (``None`` when not knowable);
 - ``command``: the command line, as ``python -m benchmarks PART ...`` (rebuilt from ``sys.argv``);
 - ``gpu``: ``{"device_kind", "platform"}`` of the first device. JAX's, unless the process has imported PyTorch
@@ -43,7 +43,10 @@ def out_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path:
 
 
 def commit() -> tuple[str, bool | None]:
-    """The commit of the tree being measured and whether its tracked files differ from it."""
+    """The commit of the tree being measured and whether its tracked files differ from it: ``$BENCH_COMMIT`` where
+    set (a copy of the tree, as on the GPU machine, may carry a ``.git`` of another commit), else git's."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"], None
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
@@ -51,7 +54,7 @@ def commit() -> tuple[str, bool | None]:
                                 capture_output=True, text=True, timeout=10, check=True).stdout
         return head, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("BENCH_COMMIT") or "unknown", None
+        return "unknown", None
 
 
 def command(argv: list[str] | None = None) -> str:

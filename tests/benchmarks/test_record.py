@@ -31,11 +31,13 @@ def test_save_to_a_file_and_to_out_by_default(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "c.json").is_file()
 
 
-def test_commit_falls_back_to_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setattr(record, "ROOT", tmp_path)  # not a git tree
+def test_commit_from_the_environment_first_then_git(monkeypatch, tmp_path):
     monkeypatch.setenv("BENCH_COMMIT", "abc123")
-    assert record.commit() == ("abc123", None)
+    assert record.commit() == ("abc123", None)  # over the checkout's own git (a copy may carry another commit's)
     monkeypatch.delenv("BENCH_COMMIT")
+    head, _ = record.commit()
+    assert len(head) == 40 or head == "unknown"
+    monkeypatch.setattr(record, "ROOT", tmp_path)  # not a git tree
     assert record.commit() == ("unknown", None)
 
 

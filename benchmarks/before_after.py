@@ -1,0 +1,112 @@
+"""Our recurrent kernels from another tree (``--tree``, e.g. a checkout of the commit before a change) beside this
+tree's, in one process on the same inputs: fwd and fwd+bwd ms of each, their ratio, and whether the outputs and
+gradients are bit for bit the same.
+
+    git worktree add /tmp/before HEAD~1   # or git archive ... | tar -x -C /tmp/before
+    python -m benchmarks before_after --tree /tmp/before [--only gdn_anchor ...] [--rounds 3] [--repeats 10]
+
+The other tree's ``kernels/`` is copied to a temporary package (its ``hybrid_jax.kernels`` imports renamed) and
+called through its public functions (``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_simple_gla`` with
+``impl="pallas"``), each tree with its own tuning table for this GPU. Timings alternate between the trees over
+``--rounds`` rounds (median of each tree's rounds), so that drift in the GPU's clock hits both alike. Writes the
+record ``before_after``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+
+import jax
+import numpy as np
+
+from benchmarks import record
+from benchmarks.kernels import inputs
+from benchmarks.shapes import SHAPES, Shape
+from benchmarks.timing import median_ms
+from hybrid_jax import kernels as this_tree
+
+PACKAGE = "kernels_of_the_other_tree"
+
+
+def import_kernels(tree: pathlib.Path, into: pathlib.Path):
+    """``tree/kernels`` as the package :data:`PACKAGE` (copied under ``into``, imports renamed)."""
+    if not (tree / "kernels" / "__init__.py").is_file():
+        raise SystemExit(f"--tree {tree}: no kernels/__init__.py there; give the root of a hybrid_jax checkout")
+    target = into / PACKAGE
+    shutil.copytree(tree / "kernels", target)
+    for path in target.rglob("*.py"):
+        path.write_text(path.read_text().replace("hybrid_jax.kernels", PACKAGE))
+    sys.path.insert(0, str(into))
+    return importlib.import_module(PACKAGE)
+
+
+def functions(api, s: Shape, impl: str):
+    """(forward, forward+backward) jitted on the input dict, through ``api``'s public function for ``s``."""
+    op = api.chunk_kda if s.per_key else api.chunk_gated_delta_rule if s.delta else api.chunk_simple_gla
+
+    def fwd(x):
+        extra = (x["beta"],) if s.delta else ()
+        kw = {"use_qk_l2norm": True} if s.delta else {}
+        return op(x["q"], x["k"], x["v"], x["g"], *extra, impl=impl, **kw)[0]
+
+    def fwd_bwd(x, do):
+        o, vjp = jax.vjp(fwd, x)
+        return o, vjp(do.astype(o.dtype))[0]
+
+    return jax.jit(fwd), jax.jit(fwd_bwd)
+
+
+def compare(s: Shape, before, rounds: int, repeats: int, impl: str = "pallas") -> dict:
+    x = inputs(s)
+    do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), x["v"].dtype)
+    fns = {"before": functions(before, s, impl), "after": functions(this_tree, s, impl)}
+    outs = {tree: jax.tree.leaves(fb(x, do)) for tree, (_, fb) in fns.items()}
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*outs.values(), strict=True))
+    times = {f"{tree}_{part}": [] for tree in fns for part in ("fwd_ms", "fwdbwd_ms")}
+    for _ in range(rounds):
+        for tree, (f, fb) in fns.items():
+            times[f"{tree}_fwd_ms"].append(median_ms(f, x, repeats=repeats))
+            times[f"{tree}_fwdbwd_ms"].append(median_ms(fb, x, do, repeats=repeats))
+    res = {name: statistics.median(v) for name, v in times.items()}
+    res.update(fwd_ratio=res["after_fwd_ms"] / res["before_fwd_ms"],
+               fwdbwd_ratio=res["after_fwdbwd_ms"] / res["before_fwdbwd_ms"], bitwise_same=same, rounds=times)
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks before_after", description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", required=True, type=pathlib.Path, help="the other checkout's root")
+    ap.add_argument("--only", nargs="+", default=None, choices=[s.name for s in SHAPES])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the tool on CPU)")
+    ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        before = import_kernels(args.tree.resolve(), pathlib.Path(tmp))
+        results, path = {}, None
+        print(f"{'shape':<12} {'before f':>9} {'after f':>9} {'ratio':>6} {'before fb':>10} {'after fb':>9} "
+              f"{'ratio':>6}  bitwise", flush=True)
+        for s in SHAPES:
+            if args.only and s.name not in args.only:
+                continue
+            if args.smoke:
+                s = dataclasses.replace(s, B=1, T=64, H=1, HV=max(1, s.HV // s.H), K=16, V=16)
+            r = results[s.name] = compare(s, before, args.rounds, args.repeats,
+                                          "pallas_interpret" if args.smoke else "pallas")
+            print(f"{s.name:<12} {r['before_fwd_ms']:9.3f} {r['after_fwd_ms']:9.3f} {r['fwd_ratio']:6.3f} "
+                  f"{r['before_fwdbwd_ms']:10.3f} {r['after_fwdbwd_ms']:9.3f} {r['fwdbwd_ratio']:6.3f}  "
+                  f"{r['bitwise_same']}", flush=True)
+            path = record.save("before_after", {"tree": str(args.tree), "shapes": results}, out=args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
