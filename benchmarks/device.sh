@@ -15,10 +15,10 @@ if [ ! -e "$SITE/.installed" ] && [ ${#wheels[@]} -gt 0 ]; then
 fi
 # pyproject maps kernels/ to hybrid_jax.kernels; the installed tree, not the source checkout, must be what
 # 'import hybrid_jax' finds (the source has no hybrid_jax.kernels): no current directory on sys.path
-# (PYTHONSAFEPATH), and benchmarks/ (and tests/, whose PyTorch training loop loss_parity takes) importable from a
+# (PYTHONSAFEPATH), and benchmarks/ importable from a
 # side folder that links to them
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . >/dev/null
-mkdir -p /tmp/bench && ln -sfn "$PWD/benchmarks" /tmp/bench/benchmarks && ln -sfn "$PWD/tests" /tmp/bench/tests
+mkdir -p /tmp/bench && ln -sfn "$PWD/benchmarks" /tmp/bench/benchmarks
 export PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$SITE:/tmp/bench:${PYTHONPATH:-}
 exec python3 -m benchmarks "$@"

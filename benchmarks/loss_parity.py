@@ -13,7 +13,7 @@ Then both train ``--steps`` steps on the same batches (our trainer's iterator: m
 recipe's optimizer (linear warmup over 10% of the steps, then cosine to ``min_lr``), float32 master weights and bf16
 compute (ours: the config's dtype; the reference: autocast). Ours is the real trainer
 (``hybrid_jax.train.loop.train``, a loss per step from ``metrics.jsonl``); the reference's is
-``tests/export/torch_parity.py``'s ``train_torch``, our optimizer in PyTorch.
+``benchmarks/torch_parity.py``'s ``train_torch``, our optimizer in PyTorch.
 
 FLA 0.6 refuses its gated backward on Hopper GPUs under Triton < 3.7.1 (a guard against a miscompile, FLA #640);
 there the script stops with FLA's message, unless ``--lift-fla-guard``: then FLA's chunk kernel of the model's
@@ -220,10 +220,10 @@ def main(argv: list[str] | None = None) -> None:
 
     import jax
 
+    from benchmarks.torch_parity import train_torch
     from hybrid_jax.data import make_train_iterator
     from hybrid_jax.export import import_fla
     from hybrid_jax.train.optim import learning_rate_schedule
-    from tests.export.torch_parity import train_torch
 
     out = record.out_dir(args.out)
     with tempfile.TemporaryDirectory() as tmp:

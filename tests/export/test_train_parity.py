@@ -1,4 +1,4 @@
-"""Training parity: our trainer and a PyTorch loop (``tests.export.torch_parity``) on our exported HF model,
+"""Training parity: our trainer and a PyTorch loop (``benchmarks.torch_parity``) on our exported HF model,
 from the same weights on the same batches, give the same loss at every step (float32, CPU)."""
 
 import json
@@ -13,13 +13,13 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from benchmarks.torch_parity import param_decays, train_torch  # noqa: E402
 from hybrid_jax.data import make_train_iterator  # noqa: E402
 from hybrid_jax.export.writer import export_model  # noqa: E402
 from hybrid_jax.model import HybridLM  # noqa: E402
 from hybrid_jax.train.loop import train  # noqa: E402
 from hybrid_jax.train.optim import learning_rate_schedule  # noqa: E402
 from tests.conftest import load_config  # noqa: E402
-from tests.export.torch_parity import param_decays, train_torch  # noqa: E402
 
 STEPS = 12
 
