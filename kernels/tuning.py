@@ -210,8 +210,17 @@ def current_arch() -> str:
     return arch_of(dev.device_kind, dev.platform)
 
 
-def recurrent_config(arch: str | None = None, per_key: bool = False) -> RecurrentConfig:
-    """The recurrent-kernel config for ``arch`` (default: the current device); ``per_key``: KDA's table."""
+def recurrent_config(arch: str | None = None, per_key: bool = False, op: str | None = None,
+                     dims: tuple[int, int] | None = None) -> RecurrentConfig:
+    """The recurrent-kernel config for ``arch``'s built-in table; ``per_key``: KDA's table. With ``arch=None`` (the
+    current device), ``op`` (``gdn`` / ``kda`` / ``gla``) and padded head ``dims`` ``(K, V)``, the entry of the
+    tuning file in use for that shape comes first (``kernels/tuning_file.py``)."""
+    if arch is None and op is not None and dims is not None:
+        from hybrid_jax.kernels import tuning_file
+
+        tf = tuning_file.active()
+        if tf is not None and (op, *dims) in tf.recurrent:
+            return tf.recurrent[(op, *dims)]
     table = RECURRENT_KDA if per_key else RECURRENT
     return table.get(current_arch() if arch is None else arch, table["fallback"])
 
@@ -272,6 +281,13 @@ ATTENTION: dict[tuple[str, int], AttentionConfig] = {
 
 
 def attention_config(arch: str | None = None, head_dim: int = 128) -> AttentionConfig:
-    """The flash-attention config for ``arch`` (default: the current device) and a padded head dim."""
+    """The flash-attention config for ``arch`` (default: the current device, where the tuning file in use comes
+    first) and a padded head dim."""
+    if arch is None:
+        from hybrid_jax.kernels import tuning_file
+
+        tf = tuning_file.active()
+        if tf is not None and head_dim in tf.attention:
+            return tf.attention[head_dim]
     key = (current_arch() if arch is None else arch, 64 if head_dim <= 64 else 128)
     return ATTENTION.get(key, AttentionConfig()) if head_dim <= 128 else AttentionConfig()

@@ -26,10 +26,11 @@ sds = jax.ShapeDtypeStruct
 
 
 class Residuals(NamedTuple):
-    """What the backward keeps of the forward (padded, input dtype unless said): ``q, k [B,T,HV?..]`` as given to
-    the kernels, ``v``, the kernels' gate ``gamma``, ``beta`` (None: no delta rule), ``w`` and ``t`` (``T``, row t of
-    its chunk; None without the delta rule), the snapshots ``h [B,N,HV,K,V]``, ``v_new`` and ``P`` (None where the
-    reverse pass recomputes it: a scalar gate with the output launch)."""
+    """What the backward keeps of the forward, padded, in the input dtype: ``q, k [B,T,H,K]`` as the kernels take
+    them, ``v [B,T,HV,V]``, the kernels' gate ``gamma`` (float32, ``[B,T,HV]`` or ``[B,T,HV,K]``), ``beta [B,T,HV]``
+    (None: no delta rule), ``w [B,T,HV,K]`` and ``t [B,T,HV,C]`` (``T``, row t of its chunk; None without the delta
+    rule), the snapshots ``h [B,N,HV,K,V]``, ``v_new [B,T,HV,V]`` and ``p [B,T,HV,C]`` (None where the reverse pass
+    recomputes it: a scalar gate with the output launch)."""
 
     q: jax.Array
     k: jax.Array

@@ -141,17 +141,19 @@ def chunk_recurrence(
       beta: ``[B,T,HV]`` or ``None``; initial_state: ``[B,HV,K,V]`` or ``None`` (zeros).
       chunk_size: a power of two >= 16; ``None``: the config's ``chunk`` (tuned per GPU and gate kind).
       interpret: run the kernels in Pallas interpret mode (CPU).
-      config: launch parameters (default: ``tuning.recurrent_config()`` for the current device and gate kind).
+      config: launch parameters (default: ``tuning.recurrent_config()`` for the current device, op and head dims:
+        the tuning file in use, else the built-in table).
 
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [B,HV,K,V] float32)``, the same function as
     :func:`hybrid_jax.kernels.reference.naive_recurrence`, differentiable in every array argument.
     """
-    config = config or recurrent_config(per_key=g.ndim == 4)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    op = "kda" if g.ndim == 4 else "gdn" if beta is not None else "gla"
+    config = config or recurrent_config(per_key=g.ndim == 4, op=op, dims=(_pow2_at_least_16(K), _pow2_at_least_16(V)))
     C = config.chunk if chunk_size is None else chunk_size
     if C < 16 or C & (C - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16, got {C}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
     scale = K**-0.5 if scale is None else scale
     if use_qk_l2norm:
         q, k = reference.l2_normalize(q).astype(q.dtype), reference.l2_normalize(k).astype(k.dtype)
