@@ -6,7 +6,11 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+# the kernels read a user's tuning file from this cache (kernels/tuning_file.py): the tests start from none
+os.environ["HYBRID_JAX_TUNING_DIR"] = tempfile.mkdtemp(prefix="hybrid_jax_tuning_")
 
 import pytest  # noqa: E402
 

@@ -11,6 +11,7 @@ from ml_collections import ConfigDict
 from hybrid_jax.config import to_json
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.flops import flops_per_token
+from hybrid_jax.kernels import tuning_file
 from hybrid_jax.model import HybridLM, count_params, layer_plan
 from hybrid_jax.train import mesh as mesh_lib
 from hybrid_jax.train.checkpoint import Checkpointer
@@ -44,6 +45,10 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
     workdir = Path(t.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     log(config)
+    try:
+        log(f"kernel launch configs: {tuning_file.use(config.model.tuning)}")
+    except tuning_file.TuningFileError as e:
+        raise ConfigError(f"model.tuning: {e}") from None
     log(f"model {config.model.name}: {count_params(config.model) / 1e6:.2f}M parameters, plan "
         f"{layer_plan(config.model)}; mesh {dict(mesh.shape)}, accumulation {accum}, workdir {workdir}")
 
