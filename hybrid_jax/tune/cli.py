@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 from hybrid_jax.kernels import tuning, tuning_file
 from hybrid_jax.kernels.tuning import RecurrentConfig
 from hybrid_jax.tune.shapes import Problem, TuneError, fit_batch, problems_of, published_configs
-from hybrid_jax.tune.sweep import Kernel, sweep
+from hybrid_jax.tune.sweep import Kernel, failure_note, sweep
 
 PROG = "python -m hybrid_jax.tune"
 _DOC = "Sweep the recurrent kernels' launches on this GPU at a config's shapes and write a tuning file."
@@ -136,19 +137,32 @@ def main(argv: list[str] | None = None) -> Path:
     for kernel in kernels:
         op, K, V = kernel.key
         builtin, winner = kernel.start, best[kernel.key]
-        why = kernel.check(builtin)
-        if why:
-            notes.append(f"{op} K{K} V{V}: the built-in entry fails the numerics check: {why}")
+
+        def say(text, name=f"{op} K{K} V{V}"):
+            notes.append(f"{name}: {text}")
             console.print(f"  {notes[-1]}", markup=False, highlight=False)
-        builtin_ms = kernel.op_ms(builtin)
-        tuned_ms = kernel.op_ms(winner) if winner != builtin else builtin_ms
+
+        def whole_op_ms(cfg, what):
+            try:
+                why = kernel.check(cfg)
+                if why:
+                    say(f"the {what} fails the numerics check: {why}")
+                return kernel.op_ms(cfg)
+            except Exception as e:  # noqa: BLE001 - said, never a crash
+                say(f"the {what} does not run as a whole op: {failure_note(e)}")
+                return math.inf
+
+        builtin_ms = whole_op_ms(builtin, "built-in entry")
+        tuned_ms = whole_op_ms(winner, "winner") if winner != builtin else builtin_ms
+        if tuned_ms == math.inf:
+            say("no entry (nothing runs)")
+            continue
         if tuned_ms >= builtin_ms:
             if winner != builtin:
-                notes.append(f"{op} K{K} V{V}: the winner is not faster as a whole op ({tuned_ms:.3f} ms vs "
-                             f"{builtin_ms:.3f} ms): built-in kept")
+                say(f"the winner is not faster as a whole op ({tuned_ms:.3f} ms vs {builtin_ms:.3f} ms): built-in kept")
             winner, tuned_ms = builtin, builtin_ms
         entries.append({"op": op, "K": K, "V": V, "config": winner, "tuned_ms": round(tuned_ms, 4),
-                        "builtin_ms": round(builtin_ms, 4)})
+                        "builtin_ms": round(builtin_ms, 4) if builtin_ms < math.inf else None})
         shapes = "; ".join(f"B{p.B} T{p.T} H{p.H}/{p.HV} ({', '.join(names)})" for p, names in by_key[kernel.key])
         table.add_row(op, str(K), str(V), shapes, f"{builtin_ms:.3f}", f"{tuned_ms:.3f}",
                       f"{builtin_ms / tuned_ms:.2f}x", _changes(winner, builtin))
