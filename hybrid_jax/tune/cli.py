@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> Path:
     path = tuning_file.write(out, recurrent=entries, extra={
         "shapes": shapes, "budget_s": args.budget_s, "interpret": interpret, "notes": notes})
     console.print(table)
-    console.print(f"wrote {path}")
+    console.print(f"wrote {path}", soft_wrap=True, markup=False, highlight=False)
     if path.resolve() == tuning_file.cache_path().resolve():
         console.print("the kernels now use it automatically (model.tuning=auto)")
     else:
