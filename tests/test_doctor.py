@@ -66,3 +66,23 @@ def test_doctor_bad_input_is_one_line(capsys, tmp_path):
     assert "--kernels: unknown ['flash']" in capsys.readouterr().out
     assert main(["--config", str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().out
+
+
+def test_doctor_train_step_halves_the_micro_batch_until_it_fits(monkeypatch):
+    from hybrid_jax.doctor import train_step as ts
+    from tests.conftest import load_config
+
+    def measure(config, *, steps, warmup):
+        if config.train.micro_batch_size > 4:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB")
+        return dict(step_s=0.1, tokens_per_s=1.0, mfu=None, peak_memory_gib=None, warmup_s=0.0, loss=1.0,
+                    finite=True)
+
+    monkeypatch.setattr(ts, "_measure", measure)
+    monkeypatch.setattr(ts.jax, "clear_caches", lambda: None)  # keep the suite's compiled functions
+    monkeypatch.setattr(ts.gc, "collect", lambda: 0)
+    out = ts.train_step(load_config("demo"))  # micro batch 16
+    assert out["ok"] and out["micro_batch_size"] == 4 and len(out["notes"]) == 2
+    monkeypatch.setattr(ts, "_measure", lambda config, **kw: (_ for _ in ()).throw(ValueError("bad shape")))
+    out = ts.train_step(load_config("demo"))
+    assert not out["ok"] and out["micro_batch_size"] == 16 and "ValueError: bad shape" in out["error"]

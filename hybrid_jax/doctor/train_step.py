@@ -48,8 +48,9 @@ def _measure(config, *, steps: int, warmup: int) -> dict:
     tokens = config.train.micro_batch_size * config.train.seq_len / seconds
     peak = peak_flops(device)
     fpt = flops_per_token(config.model, config.train.seq_len)
+    peak_gib = device_memory_gib()[1]  # of the process: the kernel checks before take far less
     return dict(step_s=round(seconds, 4), tokens_per_s=round(tokens, 1),
-                mfu=round(tokens * fpt / peak, 4) if peak else None, peak_memory_gib=device_memory_gib()[1],
+                mfu=round(tokens * fpt / peak, 4) if peak else None, peak_memory_gib=peak_gib and round(peak_gib, 2),
                 warmup_s=round(compile_s, 2), loss=float(metrics["loss"]), finite=bool(metrics["finite"]))
 
 
