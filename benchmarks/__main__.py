@@ -38,6 +38,8 @@ PARTS = {  # name: (module, one line)
                          "compiled offline for sm90 / gfx942 / gfx950 (no GPU needed)"),
     "fla_reference": ("benchmarks.fla_reference", "the reference: FLA's Triton kernels and PyTorch SDPA at the "
                       "shapes we time (no JAX in its process)"),
+    "accuracy": ("benchmarks.accuracy", "bf16 error of our recurrent kernels and of FLA's on the same inputs, "
+                 "against one float32 reference (two sides, two processes)"),
     "attention": ("benchmarks.attention", "causal attention: our Pallas flash kernel, cuDNN and impl='auto'"),
     "train": ("benchmarks.train_throughput", "training throughput of a config: tokens/s, MFU, peak memory "
               "(--profile: where the step's device time goes)"),
