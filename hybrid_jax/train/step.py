@@ -7,8 +7,9 @@ The state is a plain dict (what Orbax saves):
 * ``step``: batches consumed; ``skipped``: updates skipped in total; ``skipped_in_a_row``: since the last good one.
 * ``rng``: the run's base PRNG key (uint32 ``[2]``), saved so that a resumed run continues the same streams.
 
-A step whose loss or gradient norm is not finite leaves ``params`` and ``opt_state`` bit-identical (a
-``jnp.where`` on every leaf inside the step), and only the counters move.
+A step whose loss, gradient norm, update norm or updated weights' or optimizer state's norm is not finite (a
+norm that overflows float32 counts) leaves ``params`` and ``opt_state`` bit-identical (a ``jnp.where`` on every
+leaf inside the step), and only the counters move.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def state_shardings(abstract_state: State, mesh: Mesh, *, zero1: bool) -> dict[s
     return out
 
 
+def _finite_norm(tree: Any) -> jax.Array:
+    """True when the global norm of ``tree``'s floating-point leaves is finite (no NaN, inf or float32 overflow)."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.isfinite(optax.global_norm(leaves))
+
+
 def split_micro_batches(batch: jax.Array, accum: int, shards: int) -> jax.Array:
     """``[B, L]`` batch (split over ``shards`` devices on B) -> ``[accum, B // accum, L]`` micro-batches.
 
@@ -115,9 +122,11 @@ def make_train_step(
         grads = jax.lax.with_sharding_constraint(grads, shardings["params"])
 
         grad_norm = optax.global_norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new = dict(params=optax.apply_updates(params, updates), opt_state=opt_state)
+        # the update and the updated weights too: finite grads can still give NaN or overflowing weights (a
+        # huge lr, a damaged optimizer state); a norm that overflows float32 counts as non-finite
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _finite_norm((updates, new))
         old = dict(params=params, opt_state=state["opt_state"])
         kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 

@@ -121,3 +121,20 @@ def test_step_lowers_ahead_of_time_from_abstract_state():
         return compiled.memory_analysis().temp_size_in_bytes
 
     assert 0 < temp_bytes(config.train.global_batch_size) < temp_bytes(4 * config.train.global_batch_size)
+
+
+def test_finite_loss_and_gradient_with_an_overflowing_update_is_skipped():
+    """lr 1e30: the loss and gradient of the step are finite but the update overflows float32 -> skipped, weights kept."""
+    config = tiny_config(lr=1e30, min_lr=0.0, warmup_steps=0, micro_batch_size=16)
+    mesh = mesh_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:1])
+    tx = make_optimizer(config.train)
+    graphdef, state, shardings = init_state(lambda: HybridLM(config.model, rngs=nnx.Rngs(0)), tx, mesh,
+                                            zero1=False, seed=0)
+    step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=1)
+    before = jax.device_get(state["params"])
+    state, metrics = step(state, jax.device_put(_batches(config, 1)[0], mesh_lib.batch_sharding(mesh)))
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert float(metrics["lr"]) == pytest.approx(1e30, rel=1e-6)
+    assert not bool(metrics["finite"]) and int(metrics["skipped"]) == 1 and int(metrics["skipped_in_a_row"]) == 1
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state["params"])), strict=True):
+        np.testing.assert_array_equal(x, y)
