@@ -37,22 +37,31 @@ def _check_shapes(op: str, q, k, v, g, beta, per_key_gate: bool) -> None:
         raise ValueError(f"{op}: beta must have shape {(B, T, HV)}, got {beta.shape}")
 
 
+def _check_segments(op: str, segment_ids, shape: tuple[int, ...]) -> None:
+    if segment_ids is not None and (segment_ids.shape != shape[:2] or
+                                    not jax.numpy.issubdtype(segment_ids.dtype, jax.numpy.integer)):
+        raise ValueError(f"{op}: segment_ids must be integers of shape {shape[:2]} ([B,T]), got "
+                         f"{segment_ids.dtype}{list(segment_ids.shape)}")
+
+
 def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm,
-                chunk_size, impl):
+                chunk_size, impl, segment_ids):
     impl = _resolve(impl, op, ("xla", "naive", "pallas", "pallas_interpret"))
+    _check_segments(op, segment_ids, q.shape)
     if impl in ("pallas", "pallas_interpret"):
         o, final = chunk_recurrence(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
-            chunk_size=chunk_size, interpret=impl == "pallas_interpret",
+            chunk_size=chunk_size, interpret=impl == "pallas_interpret", segment_ids=segment_ids,
         )
     elif impl == "naive":
         o, final = reference.naive_recurrence(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
+            segment_ids=segment_ids,
         )
     else:
         o, final = reference.chunked_recurrence(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
-            chunk_size=64 if chunk_size is None else chunk_size,
+            chunk_size=64 if chunk_size is None else chunk_size, segment_ids=segment_ids,
         )
     return o, (final if output_final_state else None)
 
@@ -61,61 +70,73 @@ def chunk_gated_delta_rule(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
     use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Gated DeltaNet. ``q, k: [B,T,H,K]``; ``v: [B,T,HV,V]``; ``g`` (log decay), ``beta: [B,T,HV]``.
 
     Per value head: ``S_t = exp(g_t) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = scale S_t^T q_t``.
     ``chunk_size=None``: the Pallas kernels' tuned chunk for this GPU and gate kind (``kernels.tuning``: 64; KDA
     16), 64 for the XLA form. Returns ``(o [B,T,HV,V], final_state [B,HV,K,V] float32 or None)``.
+
+    ``segment_ids [B,T]`` int (packed documents: a nondecreasing document index; ``None``: one sequence): the state
+    restarts from zero at the first token of each new document; the window's first document starts from
+    ``initial_state``, and ``final_state`` is the last document's. Every implementation computes it exactly (a
+    segment-aware chunk form, not a gate: ``reference.chunked_recurrence``).
     """
     _check_shapes("chunk_gated_delta_rule", q, k, v, g, beta, per_key_gate=False)
     return _recurrence("chunk_gated_delta_rule", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-                       chunk_size=chunk_size, impl=impl)
+                       chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
 
 
 def chunk_kda(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
     use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Kimi Delta Attention: as :func:`chunk_gated_delta_rule` with a decay per key channel, ``g: [B,T,HV,K]``."""
+    """Kimi Delta Attention: as :func:`chunk_gated_delta_rule` (``segment_ids`` too) with a decay per key channel,
+    ``g: [B,T,HV,K]``."""
     _check_shapes("chunk_kda", q, k, v, g, beta, per_key_gate=True)
     return _recurrence("chunk_kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-                       chunk_size=chunk_size, impl=impl)
+                       chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
 
 
 def chunk_simple_gla(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
-    chunk_size: int | None = None, impl: Impl = "auto",
+    chunk_size: int | None = None, impl: Impl = "auto", segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Scalar-gated linear attention: ``S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = scale S_t^T q_t``.
 
     ``q, k: [B,T,H,K]``, ``v: [B,T,HV,V]``, ``g: [B,T,HV]``. Mamba2's SSD is this with q=C, k=B, v=dt*x,
-    g=dt*A, scale=1.
+    g=dt*A, scale=1. ``segment_ids``: as in :func:`chunk_gated_delta_rule`.
     """
     _check_shapes("chunk_simple_gla", q, k, v, g, None, per_key_gate=False)
     return _recurrence("chunk_simple_gla", q, k, v, g, None, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm=False,
-                       chunk_size=chunk_size, impl=impl)
+                       chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
 
 
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, scale: float | None = None,
-    impl: Impl = "auto",
+    impl: Impl = "auto", segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Softmax attention. ``q, k: [B,T,H,Dqk]``; ``v: [B,T,H,Dv]`` -> ``[B,T,H,Dv]``; scale ``Dqk**-0.5``.
 
     ``impl="auto"``: cuDNN on NVIDIA where it runs the shape, the Pallas flash kernel on other GPUs, XLA on
     CPU (``kernels/flash_attention.py::auto_impl``). ``"xla"`` and ``"naive"`` are the plain float32 softmax.
+    ``segment_ids [B,T]`` int (packed documents, nondecreasing): a query sees only its own document's keys; the
+    flash kernel then skips the key blocks wholly before the document.
     """
     from hybrid_jax.kernels.flash_attention import auto_impl, cudnn_attention, flash_attention
 
-    if impl == "auto" and (impl := auto_impl(q, v)) == "cudnn":
-        return cudnn_attention(q, k, v, causal=causal, scale=scale)
+    _check_segments("attention", segment_ids, q.shape)
+    if impl == "auto" and (impl := auto_impl(q, v, segment_ids)) == "cudnn":
+        return cudnn_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
     impl = _resolve(impl, "attention", ("xla", "naive", "pallas", "pallas_interpret"))
     if impl in ("pallas", "pallas_interpret"):
-        return flash_attention(q, k, v, causal=causal, scale=scale, interpret=impl == "pallas_interpret")
-    return reference.naive_attention(q, k, v, causal=causal, scale=scale)
+        return flash_attention(q, k, v, causal=causal, scale=scale, interpret=impl == "pallas_interpret",
+                               segment_ids=segment_ids)
+    return reference.naive_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)

@@ -17,6 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels.recurrent import block_math as bm
+from hybrid_jax.kernels.recurrent import segments as segs
 from hybrid_jax.kernels.recurrent.backward_math import Snapshots, grad_through_output, grad_through_wy
 from hybrid_jax.kernels.recurrent.block_math import F32
 from hybrid_jax.kernels.recurrent.launch import Static, call, diagonal_launches, dims, gate_bytes, summing_gate
@@ -30,7 +31,8 @@ class Residuals(NamedTuple):
     them, ``v [B,T,HV,V]``, the kernels' gate ``gamma`` (float32, ``[B,T,HV]`` or ``[B,T,HV,K]``), ``beta [B,T,HV]``
     (None: no delta rule), ``w [B,T,HV,K]`` and ``t [B,T,HV,C]`` (``T``, row t of its chunk; None without the delta
     rule), the snapshots ``h [B,N,HV,K,V]``, ``v_new [B,T,HV,V]`` and ``p [B,T,HV,C]`` (None where the reverse pass
-    recomputes it: a scalar gate with the output launch)."""
+    recomputes it: a scalar gate with the output launch); ``rel [B,T]`` int32, packed documents
+    (``reference.chunk_segments``), or None."""
 
     q: jax.Array
     k: jax.Array
@@ -42,6 +44,7 @@ class Residuals(NamedTuple):
     h: jax.Array
     v_new: jax.Array
     p: jax.Array | None
+    rel: jax.Array | None = None
 
 
 def _state_bwd_kernel(*, q_ref,  # [T, K]
@@ -56,6 +59,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       p_ref=None,  # [T, C]: P from the forward, else recomputed (scalar gate only)
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
                       hdh_ref=None,  # [N, K] out, float32: sum_v h dh per chunk (this V tile's part)
+                      rel_ref=None,  # [T] int32: packed documents (segments.py)
                       chunk: int, n_chunks: int, scale: float):
     """Reverse sequential pass for one (batch, head, V tile). Per chunk (last to first), with ``ds`` the gradient of
     the state at the chunk's end::
@@ -63,7 +67,8 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
     With ``hdh_ref`` also ``sum_v h ds``, ``h`` the state at the chunk's start: the gradient pass's
-    ``d(gamma_last)`` term of the state decay."""
+    ``d(gamma_last)`` term of the state decay. With ``rel_ref`` every product follows the chunk's documents, as in
+    the forward (``segments``)."""
     cd = q_ref.dtype
     i, j = bm.iota(chunk)
 
@@ -78,15 +83,17 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
         do = do_ref[rows, :]
+        docs = segs.load(rel_ref, lambda r: [r[rows]])
         if p_ref is None:
-            p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], i <= j) * scale).astype(cd)
+            visible = (i <= j) if docs is None else (i <= j) & docs.same(0, 0)
+            p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], visible) * scale).astype(cd)
         else:
             p_t = p_ref[rows, :].T
-        k_end = (k.astype(F32) * bm.per_column(jnp.exp(gamma_last - gamma))).astype(cd)
+        k_end = (k.astype(F32) * segs.in_last(bm.per_column(jnp.exp(gamma_last - gamma)), docs)).astype(cd)
         dv_new = bm.dot(p_t, do) + bm.dot(k_end, ds.astype(cd))
         dv_new_ref[rows, :] = dv_new.astype(dv_new_ref.dtype)
-        qd = (q.astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
-        ds = bm.state_decay(gamma_last) * ds + bm.dot(qd.T, do)
+        qd = (q.astype(F32) * scale * segs.carried(bm.per_column(jnp.exp(gamma)), docs)).astype(cd)
+        ds = segs.start_decay(bm.state_decay(gamma_last), docs) * ds + bm.dot(qd.T, do)
         if w_ref is not None:
             ds = ds - bm.dot(w_ref[rows, :].T, dv_new.astype(cd))
         return ds
@@ -111,17 +118,19 @@ def _grad_kernel(*, q_ref,  # [C, K]
                  dv_new_ref=None,  # [C, V]
                  dv_ref=None,  # [C, V] out, float32
                  dbeta_ref=None,  # [C] out, float32
+                 rel_ref=None,  # [C] int32: packed documents (segments.py)
                  scale: float, span: float):
     """One chunk: dq, dk, d(gamma) and, with the WY refs, also dv and dbeta (the WY part fused in)."""
     per_key = len(gamma_ref.shape) == 2
+    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key))
     k, gamma, v_new, do = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, v_new_ref, do_ref))
     dv_new = bm.blocks(dv_new_ref, per_key) if dv_new_ref is not None else None
     snap = Snapshots(h_ref, dh_ref, hdh_ref)
-    dq, dk, dgamma = grad_through_output(bm.blocks(q_ref, per_key), k, gamma, snap, v_new, do, scale, span)
+    dq, dk, dgamma = grad_through_output(bm.blocks(q_ref, per_key), k, gamma, snap, v_new, do, scale, span, docs)
     if dv_new is not None:
         dk_wy, dgamma_wy, dv, dbeta = grad_through_wy(
             k, *(bm.blocks(r, per_key) for r in (v_ref, beta_ref)), gamma, v_new, bm.load_lower(t_ref, per_key), snap,
-            dv_new, span)
+            dv_new, span, docs)
         bm.store_blocks(dv_ref, dv)
         bm.store_blocks(dbeta_ref, dbeta)
         dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
@@ -145,6 +154,7 @@ def _grad_wy_kernel(*, k_ref,  # [C, K]
                     dgamma_ref,  # [C] or [C, K] out, float32
                     dv_ref,  # [C, V] out, float32
                     dbeta_ref,  # [C] out, float32
+                    rel_ref=None,  # [C] int32: packed documents (segments.py)
                     span: float):
     """One chunk, the WY part alone (the split gradient pass's second launch): dk and d(gamma), added to the first
     launch's, dv and dbeta."""
@@ -152,7 +162,7 @@ def _grad_wy_kernel(*, k_ref,  # [C, K]
     k, v, beta, gamma, v_new, dv_new = (bm.blocks(r, per_key)
                                         for r in (k_ref, v_ref, beta_ref, gamma_ref, v_new_ref, dv_new_ref))
     dk, dgamma, dv, dbeta = grad_through_wy(k, v, beta, gamma, v_new, bm.load_lower(t_ref, per_key), Snapshots(h_ref),
-                                            dv_new, span)
+                                            dv_new, span, segs.load(rel_ref, lambda r: bm.blocks(r, per_key)))
     bm.store_blocks(dk_ref, [x + y for x, y in zip(dk, bm.blocks(dk_in_ref, per_key), strict=True)])
     bm.store_blocks(dgamma_ref, [x + y for x, y in zip(dgamma, bm.blocks(dgamma_in_ref, per_key), strict=True)])
     bm.store_blocks(dv_ref, dv)
@@ -177,6 +187,8 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     inputs |= {"do_ref": (do, s.vtile_seq()), "dfinal_ref": (dfinal, s.state_seq(d.K))}
     if hdh:
         inputs["h_ref"] = (res.h, s.snapshots_seq(d.N, d.K))
+    if res.rel is not None:
+        inputs["rel_ref"] = (res.rel, s.seg_seq())
     outputs = {"dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
                "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq()),
                "dh0_ref": (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))}
@@ -186,7 +198,7 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     # hdh is not staged: offline at the KDA anchor the launch's shared memory did not change)
     isz = res.q.dtype.itemsize
     stage = C * (d.K * isz * (3 if delta else 2) + gate_bytes(res.gamma) + (C * isz if res.p is not None else 0)
-                 + d.BV * do.dtype.itemsize)
+                 + d.BV * do.dtype.itemsize + (4 if res.rel is not None else 0))
     launch = fit_stages(static.cfg.state_bwd, stage, static.cfg.shared_memory)
     outs = call(kernel, "state_bwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
     return (*outs[:3], jnp.sum(outs[3], axis=3) if hdh else None)
@@ -208,11 +220,12 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
     wy_grads = {"dv_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.rows(d.V)),
                 "dbeta_ref": (sds((d.B, d.T, d.HV), F32), s.vec())}
     hdh_in = {} if hdh is None else {"hdh_ref": (hdh, s.chunk_keys(d.K))}
+    rel_in = {} if res.rel is None else {"rel_ref": (res.rel, s.seg())}
     kernel = functools.partial(_grad_kernel, scale=static.scale)
     if not delta or cfg.splits_grad(d.K, d.V):
         inputs = {"q_ref": (res.q, s.qk(d.K)), "k_ref": (res.k, s.qk(d.K)), "gamma_ref": (res.gamma, s.gate()),
                   "h_ref": (res.h, s.snapshot(d.K, d.V)), "dh_ref": (dh, s.snapshot(d.K, d.V)),
-                  "v_new_ref": (res.v_new, s.rows(d.V)), "do_ref": (do, s.rows(d.V))} | hdh_in
+                  "v_new_ref": (res.v_new, s.rows(d.V)), "do_ref": (do, s.rows(d.V))} | hdh_in | rel_in
         dq, dk, dgamma = run(kernel, "grad_bwd", cfg.grad, inputs=inputs, outputs=grads, gate="gamma_ref",
                              dgate=None if delta else "dgamma_ref")
         if not delta:
@@ -221,7 +234,7 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
                   "gamma_ref": (res.gamma, s.gate()), "v_new_ref": (res.v_new, s.rows(d.V)),
                   "t_ref": (res.t, s.rows(C)), "h_ref": (res.h, s.snapshot(d.K, d.V)),
                   "dv_new_ref": (dv_new, s.rows(d.V)), "dk_in_ref": (dk, s.rows(d.K)),
-                  "dgamma_in_ref": (dgamma, s.gate())}
+                  "dgamma_in_ref": (dgamma, s.gate())} | rel_in
         outputs = {"dk_ref": grads["dk_ref"], "dgamma_ref": grads["dgamma_ref"]} | wy_grads
         dk, dgamma, dv, dbeta = run(_grad_wy_kernel, "grad_wy_bwd", cfg.grad_wy, inputs=inputs, outputs=outputs,
                                     gate="gamma_ref", dgate="dgamma_ref")
@@ -230,6 +243,6 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
               "beta_ref": (res.beta, s.vec()), "gamma_ref": (res.gamma, s.gate()), "t_ref": (res.t, s.rows(C)),
               "h_ref": (res.h, s.snapshot(d.K, d.V)), "dh_ref": (dh, s.snapshot(d.K, d.V)),
               "v_new_ref": (res.v_new, s.rows(d.V)), "dv_new_ref": (dv_new, s.rows(d.V)),
-              "do_ref": (do, s.rows(d.V))} | hdh_in
+              "do_ref": (do, s.rows(d.V))} | hdh_in | rel_in
     return tuple(run(kernel, "grad_bwd", cfg.grad, inputs=inputs, outputs=grads | wy_grads, gate="gamma_ref",
                      dgate="dgamma_ref"))

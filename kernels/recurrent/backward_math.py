@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from hybrid_jax.kernels.recurrent import block_math as bm
+from hybrid_jax.kernels.recurrent import segments as segs
 from hybrid_jax.kernels.recurrent.block_math import F32
 
 
@@ -60,19 +61,20 @@ class Snapshots:
 
 
 def grad_through_output(q: list, k: list, gamma: list, snap: Snapshots, v_new: list, do: list, scale: float,
-                        span: float):
+                        span: float, docs: segs.Documents | None = None):
     """One chunk's gradients through the output and the state update: ``(dq, dk, d(gamma))`` float32 blocks, the
     last row's d(gamma) including the chunk-end decay term. Without the delta rule this is the whole gradient.
-    ``span``: see :func:`block_math.one_matmul_pairs`."""
+    ``span``: see :func:`block_math.one_matmul_pairs`; ``docs``: the chunk's documents (``segments``) or None."""
     # The order of the operations is the one the Triton compiler was tuned with (see forward._wy_kernel).
     qf, kf = [x.astype(F32) for x in q], [x.astype(F32) for x in k]
     per_key = gamma[0].ndim == 2
     gamma_last = bm.row(gamma[-1], -1)
 
     # o = (scale Q exp(gamma)) h + P v_new,  P = scale gram(Q, K) (inclusive lower)
-    dq = [snap.times_h(x) * scale * bm.per_column(jnp.exp(g)) for x, g in zip(do, gamma, strict=True)]
+    dq = [snap.times_h(x) * scale * segs.carried(bm.per_column(jnp.exp(g)), docs, i)
+          for i, (x, g) in enumerate(zip(do, gamma, strict=True))]
     dgamma = [bm.to_gate_shape(dx * x, per_key) for dx, x in zip(dq, qf, strict=True)]
-    dp = [[bm.dot(do[i], v_new[j].T) * scale for j in range(i + 1)] for i in range(len(do))]
+    dp = segs.pairs([[bm.dot(do[i], v_new[j].T) * scale for j in range(i + 1)] for i in range(len(do))], docs)
     dq_p, dk, dgamma_p = gram_vjp(dp, q, k, gamma, strict=False, span=span)
     dq = [x + y for x, y in zip(dq, dq_p, strict=True)]
     dgamma = [x + y for x, y in zip(dgamma, dgamma_p, strict=True)]
@@ -80,28 +82,28 @@ def grad_through_output(q: list, k: list, gamma: list, snap: Snapshots, v_new: l
     # h' = exp(gamma_last) h + (K exp(gamma_last - gamma))^T v_new
     r_sum = []
     for i in range(len(k)):
-        e_end = bm.per_column(jnp.exp(gamma_last - gamma[i]))
+        e_end = segs.in_last(bm.per_column(jnp.exp(gamma_last - gamma[i])), docs, i)
         dk_end = snap.times_dh(v_new[i])
         dk[i] = dk[i] + dk_end * e_end
         r = bm.to_gate_shape(dk_end * kf[i] * e_end, per_key)
         dgamma[i] = dgamma[i] - r
         r_sum.append(jnp.sum(r, axis=0))
     hdh = snap.hdh()
-    dgamma_last = bm.total(r_sum) + (hdh if per_key else jnp.sum(hdh)) * jnp.exp(gamma_last)
+    dgamma_last = bm.total(r_sum) + (hdh if per_key else jnp.sum(hdh)) * segs.start_decay(jnp.exp(gamma_last), docs)
     idx = lax.broadcasted_iota(jnp.int32, gamma[-1].shape, 0)
     dgamma[-1] = jnp.where(idx == gamma[-1].shape[0] - 1, dgamma[-1] + dgamma_last, dgamma[-1])
     return dq, dk, dgamma
 
 
 def grad_through_wy(k: list, v: list, beta: list, gamma: list, v_new: list, t: list, snap: Snapshots, dv_new: list,
-                    span: float = 0.0):
+                    span: float = 0.0, docs: segs.Documents | None = None):
     """One chunk's gradients through ``v_new = u - w h`` and the WY transform (delta rule): ``(dk, d(gamma), dv,
     dbeta)`` float32 blocks, to add to :func:`grad_through_output`'s. ``t``: ``T``'s lower blocks; ``snap``: the
-    state snapshot. ``span``: see :func:`block_math.one_matmul_pairs`."""
+    state snapshot. ``span``: see :func:`block_math.one_matmul_pairs`; ``docs``: see :func:`grad_through_output`."""
     cd = k[0].dtype
     kf = [x.astype(F32) for x in k]
     per_key = gamma[0].ndim == 2
-    eg = [bm.per_column(jnp.exp(g)) for g in gamma]
+    eg = [segs.carried(bm.per_column(jnp.exp(g)), docs, i) for i, g in enumerate(gamma)]
     b = [x.astype(F32) for x in beta]
     # v_new = u - w h;  u = T (beta V);  w = T (beta exp(gamma) K);  T = (I + A)^-1. With du = dv_new and
     # dw = -dv_new h^T: T^T dw = -(T^T du) h^T, and dA = -T^T dT T^T = -(T^T du) u^T - (T^T dw) w^T
@@ -116,7 +118,7 @@ def grad_through_wy(k: list, v: list, beta: list, gamma: list, v_new: list, t: l
         db.append(jnp.sum(t_du[i] * v[i].astype(F32), axis=1) + jnp.sum(x, axis=1))
         dgamma.append(bm.to_gate_shape(x * b[i][:, None], per_key))
     # A = beta_i gram(K, K): dbeta_i = sum_j dA_ij G_ij, dG = beta_i dA_ij
-    da = [[-bm.dot(t_du[i].astype(cd), v_new[j].T) for j in range(i + 1)] for i in range(len(k))]
+    da = segs.pairs([[-bm.dot(t_du[i].astype(cd), v_new[j].T) for j in range(i + 1)] for i in range(len(k))], docs)
     if per_key:
         y = bm.block_decay_matmul(da, k, gamma, strict=True, transpose=False, span=span)  # (dA . decay) K
         db = [x + jnp.sum(yi * ki, axis=1) for x, yi, ki in zip(db, y, kf, strict=True)]

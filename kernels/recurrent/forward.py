@@ -22,6 +22,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels.recurrent import block_math as bm
+from hybrid_jax.kernels.recurrent import segments as segs
 from hybrid_jax.kernels.recurrent.block_math import F32
 from hybrid_jax.kernels.recurrent.launch import Static, call, diagonal_launches, dims, gate_bytes, summing_gate
 from hybrid_jax.kernels.tuning import fit_stages
@@ -44,26 +45,30 @@ def _wy_kernel(*, k_ref,  # [C, K]
                t_ref,  # [C, C] out: T = (I + A)^-1
                q_ref=None,  # [C, K]: with p_ref
                p_ref=None,  # [C, C] out: the output's P (RecurrentConfig.output_in_state)
+               rel_ref=None,  # [C] int32: packed documents (segments.py)
                span: float, scale: float | None = None):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)`` and, with ``p_ref``, the
-    output's ``P = incl_lower(scale Q K^T decay)``, from the same gate factors as ``A``."""
+    output's ``P = incl_lower(scale Q K^T decay)``, from the same gate factors as ``A``; with ``rel_ref``, masked
+    to the chunk's documents (``segments``)."""
     per_key = len(gamma_ref.shape) == 2
     # Inputs are loaded where they are first used and the operations keep the order of the single-tile kernels, so at
     # chunk 16 (one block) the Triton IR is op for op the one whose launches were tuned.
     k, gamma, b = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, beta_ref))
     cd = k[0].dtype
     b = [x.astype(F32) for x in b]
-    g = bm.block_gram(k, k, gamma, strict=True, span=span)
+    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key))
+    g = segs.pairs(bm.block_gram(k, k, gamma, strict=True, span=span), docs)
     a = [[x * b[i][:, None] for x in row] for i, row in enumerate(g)]
     t = [[x.astype(cd) for x in row] for row in bm.block_unit_lower_inverse(a)]  # float32, used in the input dtype
     bm.store_lower(t_ref, t)
     v = bm.blocks(v_ref, per_key)
     bm.store_blocks(u_ref, bm.lower_matmul(t, [(x.astype(F32) * bx[:, None]).astype(cd)
                                                for x, bx in zip(v, b, strict=True)]))
-    bm.store_blocks(w_ref, bm.lower_matmul(t, [(x.astype(F32) * bx[:, None] * bm.per_column(jnp.exp(g))).astype(cd)
-                                               for x, bx, g in zip(k, b, gamma, strict=True)]))
+    bm.store_blocks(w_ref, bm.lower_matmul(t, [
+        (x.astype(F32) * bx[:, None] * segs.carried(bm.per_column(jnp.exp(g)), docs, i)).astype(cd)
+        for i, (x, bx, g) in enumerate(zip(k, b, gamma, strict=True))]))
     if p_ref is not None:
-        bm.store_lower(p_ref, _output_gram(bm.blocks(q_ref, per_key), k, gamma, scale, span))
+        bm.store_lower(p_ref, segs.pairs(_output_gram(bm.blocks(q_ref, per_key), k, gamma, scale, span), docs))
 
 
 def _state_kernel(*, k_ref,  # [T, K]
@@ -77,10 +82,11 @@ def _state_kernel(*, k_ref,  # [T, K]
                   q_ref=None,  # [T, K]: with o_ref
                   p_ref=None,  # [T, C]: with o_ref
                   o_ref=None,  # [T, BV] out (RecurrentConfig.output_in_state)
+                  rel_ref=None,  # [T] int32: packed documents (segments.py)
                   chunk: int, n_chunks: int, scale: float | None = None):
     """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state; with ``o_ref`` also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the snapshot
-    is)."""
+    is). With ``rel_ref`` the start-state terms and the update follow the chunk's documents (``segments``)."""
     cd = k_ref.dtype
 
     def body(c, s):
@@ -89,15 +95,16 @@ def _state_kernel(*, k_ref,  # [T, K]
         k = k_ref[rows, :]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
+        docs = segs.load(rel_ref, lambda r: [r[rows]])
         v_new = u_ref[rows, :].astype(F32)
         if w_ref is not None:
             v_new = v_new - bm.dot(w_ref[rows, :], s.astype(cd))
             v_new_ref[rows, :] = v_new.astype(v_new_ref.dtype)
         if o_ref is not None:
-            qd = (q_ref[rows, :].astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
+            qd = (q_ref[rows, :].astype(F32) * scale * segs.carried(bm.per_column(jnp.exp(gamma)), docs)).astype(cd)
             o_ref[rows, :] = (bm.dot(qd, s.astype(cd)) + bm.dot(p_ref[rows, :], v_new.astype(cd))).astype(o_ref.dtype)
-        k_end = (k.astype(F32) * bm.per_column(jnp.exp(gamma_last - gamma))).astype(cd)
-        return bm.state_decay(gamma_last) * s + bm.dot(k_end.T, v_new.astype(cd))
+        k_end = (k.astype(F32) * segs.in_last(bm.per_column(jnp.exp(gamma_last - gamma)), docs)).astype(cd)
+        return segs.start_decay(bm.state_decay(gamma_last), docs) * s + bm.dot(k_end.T, v_new.astype(cd))
 
     final_ref[...] = lax.fori_loop(0, n_chunks, body, h0_ref[...].astype(F32))
 
@@ -109,24 +116,29 @@ def _output_kernel(*, q_ref,  # [C, K]
                    h_ref,  # [K, V]: the chunk's start state
                    o_ref,  # [C, V] out
                    p_ref=None,  # [C, C] out: P, for the reverse state pass (per-key gate)
+                   rel_ref=None,  # [C] int32: packed documents (segments.py)
                    scale: float, span: float):
-    """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``."""
+    """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with ``rel_ref``
+    masked to the chunk's documents (``segments``)."""
     per_key = len(gamma_ref.shape) == 2
     q, gamma, k = (bm.blocks(r, per_key) for r in (q_ref, gamma_ref, k_ref))  # order of use: as in _wy_kernel
     cd = q[0].dtype
-    p = _output_gram(q, k, gamma, scale, span)
+    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key))
+    p = segs.pairs(_output_gram(q, k, gamma, scale, span), docs)
     if p_ref is not None:
         bm.store_lower(p_ref, p)
-    qd = [(x.astype(F32) * scale * bm.per_column(jnp.exp(g))).astype(cd) for x, g in zip(q, gamma, strict=True)]
+    qd = [(x.astype(F32) * scale * segs.carried(bm.per_column(jnp.exp(g)), docs, i)).astype(cd)
+          for i, (x, g) in enumerate(zip(q, gamma, strict=True))]
     qh = [bm.dot(x, h_ref[...]) for x in qd]
     bm.store_blocks(o_ref, [x + y for x, y in zip(qh, bm.lower_matmul(p, bm.blocks(v_new_ref, per_key)),
                                                   strict=True)])
 
 
-def wy(static: Static, k, v, gamma, beta, q=None, redo_far: bool = True) -> tuple[jax.Array, ...]:
+def wy(static: Static, k, v, gamma, beta, q=None, redo_far: bool = True, rel=None) -> tuple[jax.Array, ...]:
     """-> ``u [B,T,HV,V]``, ``w [B,T,HV,K]``, ``T [B,T,HV,C]`` (row t of its chunk) and, with ``q``
     (``RecurrentConfig.output_in_state``), the output's ``P [B,T,HV,C]``, in the input dtype (T is computed in
-    float32). ``redo_far``: see :func:`launch.diagonal_launches`."""
+    float32). ``redo_far``: see :func:`launch.diagonal_launches`. ``rel [B,T]`` int32: packed documents
+    (``reference.chunk_segments``), or None."""
     d = dims(static, k, v, gamma)
     s, C = d.specs, static.chunk
     chunk_rows = (sds((d.B, d.T, d.HV, C), k.dtype), s.rows(C))
@@ -136,16 +148,19 @@ def wy(static: Static, k, v, gamma, beta, q=None, redo_far: bool = True) -> tupl
                "w_ref": (sds((d.B, d.T, d.HV, d.K), k.dtype), s.rows(d.K)), "t_ref": chunk_rows}
     if q is not None:
         inputs["q_ref"], outputs["p_ref"] = (q, s.qk(d.K)), chunk_rows
+    if rel is not None:
+        inputs["rel_ref"] = (rel, s.seg())
     kernel = functools.partial(_wy_kernel, scale=static.scale if q is not None else None)
     return tuple(diagonal_launches(kernel, "wy_fwd", static.cfg.wy, static, (d.B, d.HV, d.N), inputs, outputs,
                                    gate="gamma_ref", causal=True, redo_far=redo_far,
                                    per_program=static.cfg.chunks_per_program_at(d.K, d.V)))
 
 
-def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None) -> tuple[jax.Array, ...]:
+def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> tuple[jax.Array, ...]:
     """-> ``h [B,N,HV,K,V]`` (state at each chunk start), ``v_new [B,T,HV,V]`` (delta rule only: ``w`` given,
     else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32 and, with ``q`` and ``P`` (from
-    :func:`wy`; ``RecurrentConfig.output_in_state``), the output ``o [B,T,HV,V]`` (input dtype)."""
+    :func:`wy`; ``RecurrentConfig.output_in_state``), the output ``o [B,T,HV,V]`` (input dtype). ``rel``: see
+    :func:`wy`."""
     d = dims(static, k, u, gamma)
     s, C = d.specs, static.chunk
     delta, with_o = w is not None, q is not None
@@ -157,6 +172,8 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None) -> tuple[jax.A
     inputs |= {"u_ref": (u, s.vtile_seq()), "h0_ref": (h0, s.state_seq(d.K))}
     if with_o:
         inputs |= {"q_ref": (q, s.qk_seq(d.K)), "p_ref": (p, s.rows_seq(C))}
+    if rel is not None:
+        inputs["rel_ref"] = (rel, s.seg_seq())
     tile = (sds((d.B, d.T, d.HV, d.V), k.dtype), s.vtile_seq())  # v_new, o: [B,T,HV,V] outputs in V tiles
     outputs = {"h_ref": (sds((d.B, d.N, d.HV, d.K, d.V), k.dtype), s.snapshots_seq(d.N, d.K))}
     if delta:
@@ -167,21 +184,24 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None) -> tuple[jax.A
     # one chunk's loads (k, gate, w, u tile; q, P): a pipeline stage's shared memory
     isz = k.dtype.itemsize
     stage = C * (d.K * isz * (2 if delta else 1) + gate_bytes(gamma) + d.BV * u.dtype.itemsize
-                 + ((d.K + C) * isz if with_o else 0))
+                 + ((d.K + C) * isz if with_o else 0) + (4 if rel is not None else 0))
     launch = fit_stages(static.cfg.state, stage, static.cfg.shared_memory)
     h, *tiles, final = call(kernel, "state_fwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
     v_new = tiles[0] if delta else u
     return (h, v_new, final, tiles[-1]) if with_o else (h, v_new, final)
 
 
-def output(static: Static, q, k, v_new, gamma, h, redo_far: bool = True) -> tuple[jax.Array, jax.Array | None]:
+def output(static: Static, q, k, v_new, gamma, h, redo_far: bool = True, rel=None
+           ) -> tuple[jax.Array, jax.Array | None]:
     """-> ``o [B,T,HV,V]`` and, with a per-key gate, ``P [B,T,HV,C]`` (row t of its chunk, input dtype), else
-    None. ``redo_far``: see :func:`launch.diagonal_launches`."""
+    None. ``redo_far``: see :func:`launch.diagonal_launches`; ``rel``: see :func:`wy`."""
     d = dims(static, q, v_new, gamma)
     s, C = d.specs, static.chunk
     per_key = gamma.ndim == 4
     inputs = {"q_ref": (q, s.qk(d.K)), "k_ref": (k, s.qk(d.K)), "v_new_ref": (v_new, s.rows(d.V)),
               "gamma_ref": (gamma, s.gate()), "h_ref": (h, s.snapshot(d.K, d.V))}
+    if rel is not None:
+        inputs["rel_ref"] = (rel, s.seg())
     outputs = {"o_ref": (sds((d.B, d.T, d.HV, d.V), v_new.dtype), s.rows(d.V))}
     if per_key:
         outputs["p_ref"] = (sds((d.B, d.T, d.HV, C), q.dtype), s.rows(C))

@@ -85,6 +85,10 @@ class Specs:
         """The gate: ``[C]`` or, per key, ``[C, K]``."""
         return self.vec() if self.gate_k is None else self.rows(self.gate_k)
 
+    def seg(self) -> pl.BlockSpec:
+        """``[C]`` of a ``[B, T]`` tensor (packed documents: one value per token, shared by all heads)."""
+        return pl.BlockSpec((None, self.C), lambda b, h, c: (b, c))
+
     def snapshot(self, K: int, V: int) -> pl.BlockSpec:
         """``[K, V]``: chunk ``c``'s entry of ``[B, N, HV, K, V]`` state snapshots."""
         return pl.BlockSpec((None, None, None, K, V), lambda b, h, c: (b, c, h, 0, 0))
@@ -111,6 +115,10 @@ class Specs:
         if self.gate_k is None:
             return pl.BlockSpec((None, self.T, None), lambda b, h, v: (b, 0, h))
         return self.rows_seq(self.gate_k)
+
+    def seg_seq(self) -> pl.BlockSpec:
+        """``[T]`` of a ``[B, T]`` tensor."""
+        return pl.BlockSpec((None, self.T), lambda b, h, v: (b, 0))
 
     def state_seq(self, K: int) -> pl.BlockSpec:
         """``[K, BV]``: this V tile of a ``[B, HV, K, V]`` state."""

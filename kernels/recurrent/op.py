@@ -23,16 +23,17 @@ from hybrid_jax.kernels.recurrent.launch import Static
 from hybrid_jax.kernels.tuning import RecurrentConfig, recurrent_config
 
 
-def _forward(static: Static, q, k, v, gamma, beta, h0) -> tuple[jax.Array, jax.Array, Residuals]:
-    """Padded inputs -> ``(o, final state, residuals)``."""
+def _forward(static: Static, q, k, v, gamma, beta, h0, rel) -> tuple[jax.Array, jax.Array, Residuals]:
+    """Padded inputs (``rel``: packed documents, ``reference.chunk_segments``, or None) -> ``(o, final state,
+    residuals)``."""
     if beta is not None and static.cfg.output_in_state:
-        u, w, t, p = wy(static, k, v, gamma, beta, q)
-        h, v_new, final, o = state_fwd(static, k, gamma, w, u, h0, q, p)
-        return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p)
-    u, w, t = wy(static, k, v, gamma, beta) if beta is not None else (v, None, None)
-    h, v_new, final = state_fwd(static, k, gamma, w, u, h0)
-    o, p = output(static, q, k, v_new, gamma, h)
-    return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p)
+        u, w, t, p = wy(static, k, v, gamma, beta, q, rel=rel)
+        h, v_new, final, o = state_fwd(static, k, gamma, w, u, h0, q, p, rel=rel)
+        return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel)
+    u, w, t = wy(static, k, v, gamma, beta, rel=rel) if beta is not None else (v, None, None)
+    h, v_new, final = state_fwd(static, k, gamma, w, u, h0, rel=rel)
+    o, p = output(static, q, k, v_new, gamma, h, rel=rel)
+    return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel)
 
 
 def _backward(static: Static, res: Residuals, do, dfinal):
@@ -48,17 +49,17 @@ def _backward(static: Static, res: Residuals, do, dfinal):
     group = (B, T, H, res.v.shape[2] // H, K)
     dq = dq.reshape(group).sum(3).astype(res.q.dtype)
     dk = dk.reshape(group).sum(3).astype(res.k.dtype)
-    return dq, dk, dv.astype(res.v.dtype), dgamma, dbeta, dh0
+    return dq, dk, dv.astype(res.v.dtype), dgamma, dbeta, dh0, None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _chunked(static: Static, q, k, v, gamma, beta, h0):
-    o, final, _ = _forward(static, q, k, v, gamma, beta, h0)
+def _chunked(static: Static, q, k, v, gamma, beta, h0, rel):
+    o, final, _ = _forward(static, q, k, v, gamma, beta, h0, rel)
     return o, final
 
 
-def _chunked_fwd(static: Static, q, k, v, gamma, beta, h0):
-    o, final, res = _forward(static, q, k, v, gamma, beta, h0)
+def _chunked_fwd(static: Static, q, k, v, gamma, beta, h0, rel):
+    o, final, res = _forward(static, q, k, v, gamma, beta, h0, rel)
     return (o, final), res
 
 
@@ -132,6 +133,7 @@ def chunk_recurrence(
     chunk_size: int | None = None,
     interpret: bool = False,
     config: RecurrentConfig | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Chunked GDN (``beta`` given, ``g [B,T,HV]``), KDA (``beta`` given, ``g [B,T,HV,K]``) or scalar-gated linear
     attention (``beta=None``) with Pallas kernels.
@@ -143,6 +145,10 @@ def chunk_recurrence(
       interpret: run the kernels in Pallas interpret mode (CPU).
       config: launch parameters (default: ``tuning.recurrent_config()`` for the current device, op and head dims:
         the tuning file in use, else the built-in table).
+      segment_ids: ``[B,T]`` int, packed documents (a nondecreasing document index), or ``None``: the state
+        restarts at each new document (``reference.naive_recurrence``); the kernels then take each row's document
+        relative to its chunk's carried one (``reference.chunk_segments``) and mask their products
+        (``recurrent/segments.py``).
 
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [B,HV,K,V] float32)``, the same function as
     :func:`hybrid_jax.kernels.reference.naive_recurrence`, differentiable in every array argument.
@@ -172,6 +178,7 @@ def chunk_recurrence(
     beta = None if beta is None else pad(beta, Tp - T, 0)
     h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
     h0 = pad(h0, 0, Kp - K, Vp - V)
+    rel = None if segment_ids is None else reference.chunk_segments(segment_ids, C)
     static = Static(float(scale), C, config, interpret)
-    o, final = _per_batch_shard(functools.partial(_chunked, static), B)(q, k, v, gamma, beta, h0)
+    o, final = _per_batch_shard(functools.partial(_chunked, static), B)(q, k, v, gamma, beta, h0, rel)
     return o[:, :T, :, :V].astype(out_dtype), final[:, :, :K, :V]

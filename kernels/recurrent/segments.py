@@ -1,0 +1,72 @@
+"""Packed documents inside a chunk: the masks the recurrent kernels apply when given ``segment_ids``.
+
+Each row carries ``rel`` (``reference.chunk_segments``): its document counted from the one the chunk carries in
+(0: the row continues the carried state). The segment-aware chunk form (``reference.chunked_recurrence``) then
+keeps, of the chunk's products:
+
+- the decayed Gram products (``A``, the output's ``P``) only for pairs in one document, so ``(I + A)`` is block
+  diagonal per document and its inverse exact;
+- the start-state terms (``Q exp(gamma) h``, ``w = T (beta exp(gamma) K)``) only on rows of the carried document;
+- the state update's sum only over rows of the chunk's last document, and the decay of ``h`` only if that is the
+  carried document.
+
+The gate's cumulative sums are untouched (every exponent kept is a difference within one document). A mask is a
+``jnp.where`` on a factor that is at most 1 (or on a product of such factors), so nothing masked can overflow
+or turn into NaN. Without ``segment_ids`` no kernel calls anything here (the kernels' IR is unchanged).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+class Documents:
+    """The document structure of one chunk, from the row blocks ``rel`` (``[S]`` int32 each) of its ``rel`` ref."""
+
+    def __init__(self, rel: list[jax.Array]):
+        self.rel = rel
+        self.last = jnp.max(rel[-1])  # the chunk's last document (rel is nondecreasing along rows)
+
+    def same(self, i: int, j: int) -> jax.Array:
+        """``[S, S]`` bool: rows of block ``i`` and of block ``j`` in one document."""
+        return self.rel[i][:, None] == self.rel[j][None, :]
+
+    def carried(self, i: int) -> jax.Array:
+        """``[S, 1]`` bool: the rows of block ``i`` that continue the carried state."""
+        return (self.rel[i] == 0)[:, None]
+
+    def in_last(self, i: int) -> jax.Array:
+        """``[S, 1]`` bool: the rows of block ``i`` in the chunk's last document."""
+        return (self.rel[i] == self.last)[:, None]
+
+    def ends_carried(self) -> jax.Array:
+        """Scalar bool: the chunk ends in the carried document (the start state's decay is kept)."""
+        return self.last == 0
+
+
+def load(ref, blocks) -> Documents | None:
+    """:class:`Documents` of a chunk's ``rel`` ref (``[C]``), split by ``blocks(ref)``; ``None`` for no ref."""
+    return None if ref is None else Documents(blocks(ref))
+
+
+def pairs(m: list[list[jax.Array]], docs: Documents | None) -> list[list[jax.Array]]:
+    """A lower block-triangular ``m[i][j]`` with the pairs in two documents set to 0 (``docs`` None: ``m``)."""
+    if docs is None:
+        return m
+    return [[jnp.where(docs.same(i, j), x, 0.0) for j, x in enumerate(row)] for i, row in enumerate(m)]
+
+
+def carried(x: jax.Array, docs: Documents | None, i: int = 0) -> jax.Array:
+    """Row factor ``x`` (``[S, 1]`` or ``[S, K]``) of block ``i``, 0 on rows outside the carried document."""
+    return x if docs is None else jnp.where(docs.carried(i), x, 0.0)
+
+
+def in_last(x: jax.Array, docs: Documents | None, i: int = 0) -> jax.Array:
+    """Row factor ``x`` of block ``i``, 0 on rows outside the chunk's last document."""
+    return x if docs is None else jnp.where(docs.in_last(i), x, 0.0)
+
+
+def start_decay(x: jax.Array, docs: Documents | None) -> jax.Array:
+    """The start state's decay factor ``x`` (any shape), 0 where the chunk ends in a new document."""
+    return x if docs is None else jnp.where(docs.ends_carried(), x, 0.0)

@@ -1,0 +1,141 @@
+"""Packed documents (``segment_ids``): every recurrent implementation restarts the state at each new document.
+
+The ground truth is the token-by-token recurrence with resets (``reference.naive_recurrence``), itself checked
+against running each document alone. The chunked XLA form and the Pallas kernels (interpret mode) must match it in
+values and in every input's gradient, with boundaries at every row position of a chunk, several per chunk,
+one-token documents, ragged T, grouped value heads and gates down to -20 per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.kernels import api, reference, tuning
+from tests.kernels.test_pallas_recurrence import make_inputs, naive, pallas, rel_rms, value_and_grads, xla
+
+
+def segment_ids(T: int, starts: list[list[int]]) -> jax.Array:
+    """``[len(starts), T]`` int32: row ``b``'s documents begin at ``starts[b]`` (besides position 0)."""
+    seg = np.zeros((len(starts), T), np.int32)
+    for b, row in enumerate(starts):
+        for s in row:
+            seg[b, s:] += 1
+    return jnp.asarray(seg)
+
+
+# T = 37 in chunks of 16: starts at a chunk's first row (16, 32) and last (15, 31), several per chunk, one-token
+# documents (5, 6, ...), the ragged tail's last token (36); together every row position of a 16-row chunk.
+STARTS = [[1, 5, 6, 15, 16, 18, 19, 23, 26, 29, 31, 32, 34, 36], [8, 9, 11, 12, 14, 17, 24, 28, 30, 33]]
+
+
+def with_segments(fn, seg):
+    return lambda *args, **kw: fn(*args, segment_ids=seg, **kw)
+
+
+def inputs_for(kind: str, seed: int, B: int, T: int = 37):
+    """Inputs with 1 q/k head and 2 value heads and mild gates (so that a state leaking across a boundary would
+    show), except rows ``T//2 .. T//2 + 7``: gates down to -20 per step."""
+    mild, weights = make_inputs(seed, B=B, T=T, H=1, HV=2, delta=kind != "gla", per_key=kind == "kda")
+    g = mild["g"]
+    steep = jax.random.uniform(jax.random.PRNGKey(seed), (B, 8, *g.shape[2:]), minval=-20.0, maxval=0.0)
+    return dict(mild, g=g.at[:, T // 2: T // 2 + 8].set(steep.at[:, ::3].set(-20.0))), weights
+
+
+def compare(fn, ref, inputs, weights, tol: float) -> None:
+    o, ht, grads = value_and_grads(fn, inputs, weights, final_state=True)
+    o_r, ht_r, grads_r = value_and_grads(ref, inputs, weights, final_state=True)
+    assert rel_rms(o, o_r) <= tol and rel_rms(ht, ht_r) <= tol
+    assert set(grads) == set(grads_r)
+    for name, grad in grads.items():
+        assert np.all(np.isfinite(np.asarray(grad))), name
+        assert rel_rms(grad, grads_r[name]) <= tol, (name, rel_rms(grad, grads_r[name]))
+
+
+@pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
+def test_naive_resets_are_each_document_alone(kind):
+    """The packed recurrence is each document run alone: the first from the initial state, the others from zero;
+    the final state is the last document's. (Each document alone is one batch row, padded with ``k = v = g = beta
+    = 0``, which changes neither its outputs nor its final state.)"""
+    inputs, _ = inputs_for(kind, 0, B=1)
+    starts = [5, 6, 20, 31]
+    seg = segment_ids(37, [starts])
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    o, final = reference.naive_recurrence(*args, initial_state=inputs["h0"], segment_ids=seg, use_qk_l2norm=True)
+    bounds = list(zip([0, *starts], [*starts, 37], strict=True))
+    alone = [None if x is None else jnp.concatenate(
+        [jnp.pad(x[:, lo:hi], [(0, 0), (0, 37 - hi + lo)] + [(0, 0)] * (x.ndim - 2)) for lo, hi in bounds])
+        for x in args]
+    h0 = jnp.zeros((len(bounds), *inputs["h0"].shape[1:])).at[0].set(inputs["h0"][0])
+    o_alone, final_alone = reference.naive_recurrence(*alone, initial_state=h0, use_qk_l2norm=True)
+    for d, (lo, hi) in enumerate(bounds):
+        np.testing.assert_allclose(o[0, lo:hi], o_alone[d, : hi - lo], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(final[0], final_alone[-1], rtol=1e-6, atol=1e-6)
+    # and a reset is not a no-op (the batch's first row has mild gates): without it later documents differ
+    o_plain, _ = reference.naive_recurrence(*args, initial_state=inputs["h0"], use_qk_l2norm=True)
+    assert rel_rms(o_plain[:, 5:], o[:, 5:]) > 1e-2
+
+
+@pytest.mark.parametrize("kind, chunk", [("gdn", 16), ("gla", 16), ("kda", 32)])
+def test_xla_chunked_form_with_every_boundary_position(kind, chunk):
+    """Row ``b`` of the batch has a document start at row ``b`` of the second chunk and two more, so together the
+    batch puts one at every row position of a chunk (and many documents shorter than a chunk)."""
+    T = 2 * chunk + 5
+    starts = [sorted({chunk + b, (3 * b + 1) % T or 1, min(T - 1, chunk + b + 2)}) for b in range(chunk)]
+    inputs, weights = inputs_for(kind, 1, B=chunk, T=T)
+    seg = segment_ids(T, starts)
+    compare(with_segments(xla(chunk), seg), with_segments(naive, seg), inputs, weights, tol=2e-5)
+
+
+# every kernel variant the segment masks touch: the split gradient pass (its WY launch), the output in the forward
+# state pass (P from wy), hdh from the reverse state pass, two V tiles, the kernels summing the gate, two chunks
+# per program
+VARIANTS = dict(split_grad_from=0, output_in_state=True, state_bwd_hdh_from=0, block_v=16,
+                gate_cumsum_in_kernels=True, chunks_per_program=2, chunks_per_program_from=0)
+
+
+@pytest.mark.parametrize("kind, chunk, variants", [("gdn", 16, False), ("gla", 16, False), ("kda", 32, False),
+                                                    ("gdn", 16, True), ("kda", 16, True)])
+def test_pallas_kernels_with_documents(kind, chunk, variants):
+    """Values, final state and every input's gradient against the naive recurrence with resets (float32).
+    KDA at chunk 32: two 16-row blocks per chunk, and gates of -20 make the levels launches redo far rows."""
+    inputs, weights = inputs_for(kind, 2, B=len(STARTS))
+    config = dataclasses.replace(tuning.recurrent_config(per_key=kind == "kda"), **(VARIANTS if variants else {}))
+    seg = segment_ids(37, STARTS)
+    compare(with_segments(pallas(chunk, config), seg), with_segments(naive, seg), inputs, weights, tol=5e-5)
+
+
+def test_api_segments_every_impl_and_checks():
+    """Through the public API every implementation gives the same result; all-zero ids are no documents at all
+    (bit for bit with ``None`` on the XLA form); malformed ids are refused."""
+    inputs, _ = inputs_for("gdn", 3, B=2, T=20)
+    q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+    seg = segment_ids(20, [[4, 9], [16]])
+    outs = {impl: api.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=inputs["h0"], output_final_state=True,
+                                             use_qk_l2norm=True, chunk_size=16, impl=impl, segment_ids=seg)
+            for impl in ("naive", "xla")}
+    for impl in ("xla",):
+        assert rel_rms(outs[impl][0], outs["naive"][0]) <= 1e-5
+        assert rel_rms(outs[impl][1], outs["naive"][1]) <= 1e-5
+    gla = {impl: api.chunk_simple_gla(q, k, v, g, chunk_size=16, impl=impl, segment_ids=seg)[0]
+           for impl in ("naive", "pallas_interpret")}
+    assert rel_rms(gla["pallas_interpret"], gla["naive"]) <= 1e-5
+    zeros, none = (api.chunk_simple_gla(q, k, v, g, chunk_size=16, impl="xla", segment_ids=s)[0]
+                   for s in (jnp.zeros((2, 20), jnp.int32), None))
+    np.testing.assert_array_equal(zeros, none)
+    with pytest.raises(ValueError, match="segment_ids"):
+        api.chunk_simple_gla(q, k, v, g, impl="xla", segment_ids=jnp.zeros((2, 19), jnp.int32))
+    with pytest.raises(ValueError, match="segment_ids"):
+        api.chunk_simple_gla(q, k, v, g, impl="xla", segment_ids=jnp.zeros((2, 20), jnp.float32))
+
+
+def test_chunk_segments():
+    """Each row's document relative to the one its chunk carries in; the padding joins the last document."""
+    seg = jnp.asarray([[0, 0, 1, 1, 1, 2, 2]])
+    np.testing.assert_array_equal(reference.chunk_segments(seg, 4), [[0, 0, 1, 1, 0, 1, 1, 1]])
+    np.testing.assert_array_equal(reference.chunk_segments(jnp.asarray([[3, 3, 4, 4, 5]]), 2),
+                                  [[0, 0, 1, 1, 1, 1]])
