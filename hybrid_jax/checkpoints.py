@@ -1,6 +1,7 @@
 """Reading a run directory: its saved config, its complete checkpoint steps, its parameters, ``load``.
 
-A run directory (``train.workdir``) holds ``config.json`` (the resolved run config) and ``checkpoints/<step>/``,
+A run directory (``train.workdir``) holds ``config.json`` (the resolved run config; ``config-STEP.json`` for each
+change a resumed run made, in effect from ``STEP``) and ``checkpoints/<step>/``,
 one Orbax checkpoint per step with two items: ``state`` (the train state: params, optimizer state, step, skip
 counters, RNG) and ``data`` (the Grain iterator's position). This module is the read side, shared by inference
 (``hybrid_jax.load``, export, eval, generate, notebooks) and by the trainer's resume
@@ -34,12 +35,26 @@ def checkpoint_dir(workdir: str | Path) -> Path:
     return Path(workdir).resolve() / CHECKPOINTS
 
 
-def read_config(workdir: str | Path) -> ConfigDict:
-    """The run config saved in ``WORKDIR/config.json`` (locked, as the trainer ran it)."""
-    path = Path(workdir) / CONFIG
-    if not path.is_file():
+def config_history(workdir: str | Path) -> list[tuple[int, Path]]:
+    """``(first step, file)`` of each saved config, oldest first: ``config.json`` (step 1), then each
+    ``config-STEP.json`` a resumed run wrote when it changed the config (in effect from ``STEP``)."""
+    workdir = Path(workdir)
+    history = [(1, workdir / CONFIG)] if (workdir / CONFIG).is_file() else []
+    for path in workdir.glob("config-*.json"):
+        if path.stem.removeprefix("config-").isdigit():
+            history.append((int(path.stem.removeprefix("config-")), path))
+    return sorted(history)
+
+
+def read_config(workdir: str | Path, step: int | None = None) -> ConfigDict:
+    """The run config (locked, as the trainer ran it) in effect at ``step`` (default: the newest one): the newest
+    of ``config.json`` / ``config-STEP.json`` whose ``STEP <= step``."""
+    history = config_history(workdir)
+    if not history:
+        path = Path(workdir) / CONFIG
         raise FileNotFoundError(f"{path} not found: {workdir} is not a training run directory (no saved config)")
-    return from_json(path.read_text())
+    chosen = [path for first, path in history if step is None or first <= step] or [history[0][1]]
+    return from_json(chosen[-1].read_text())
 
 
 class CheckpointReader:
@@ -93,10 +108,19 @@ def resolve_step(manager: ocp.CheckpointManager, step: int | None) -> int:
     return step
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint written by a model of another shape or architecture (not a damaged checkpoint)."""
+
+
 def state_restore_args(manager: ocp.CheckpointManager, abstract_state: dict, step: int) -> ocp.args.PyTreeRestore:
     """Restore arguments of the ``state`` item at ``step`` into ``abstract_state`` (``ShapeDtypeStruct`` leaves with
     shardings; a subtree of the saved state is fine), after checking the saved shapes (params first)."""
-    saved = _metadata_tree(manager.item_metadata(step)["state"])
+    try:
+        saved = _metadata_tree(manager.item_metadata(step)["state"])
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:  # metadata deleted or garbled
+        raise OSError(f"the metadata of checkpoint step {step} is unreadable ({type(e).__name__}: {e})") from None
+    if saved is None:
+        raise OSError(f"checkpoint step {step} has no metadata of its state")
     check_shapes(abstract_state.get("params", {}), saved.get("params", {}), prefix="params/")
     check_shapes(abstract_state, saved)
     return ocp.args.PyTreeRestore(item=abstract_state,
@@ -106,8 +130,11 @@ def state_restore_args(manager: ocp.CheckpointManager, abstract_state: dict, ste
 
 def load(workdir: str | Path, step: int | None = None) -> tuple[HybridLM, ConfigDict]:
     """``hybrid_jax.load``: the model saved in ``workdir`` at ``step`` (default: the newest complete checkpoint) and
-    its run config. Only the parameters are read (not the optimizer state), onto the first local device."""
-    config = read_config(workdir)
+    its run config (the one in effect at that step, see :func:`read_config`). Only the parameters are read (not
+    the optimizer state), onto the first local device."""
+    if step is None:
+        step = latest_step(workdir)
+    config = read_config(workdir, step)
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: HybridLM(config.model, rngs=nnx.Rngs(0))), nnx.Param)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
@@ -129,18 +156,19 @@ def _name(path: tuple) -> str:
 
 
 def check_shapes(expected: Any, saved: Any, prefix: str = "") -> None:
-    """Raise ValueError naming the first leaf of ``expected`` that ``saved`` lacks or holds in another shape."""
+    """Raise :class:`CheckpointMismatch` naming the first leaf of ``expected`` that ``saved`` lacks or holds in
+    another shape."""
     saved_leaves = {_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(saved)}
     for path, leaf in jax.tree_util.tree_leaves_with_path(expected):
         name = _name(path)
         if name not in saved_leaves:
-            raise ValueError(
+            raise CheckpointMismatch(
                 f"checkpoint does not match this model: it has no parameter {prefix}{name} "
                 f"(shape {tuple(np.shape(leaf))}); it was written by a model of another architecture"
             )
         want, got = tuple(np.shape(leaf)), tuple(saved_leaves[name].shape)
         if want != got:
-            raise ValueError(
+            raise CheckpointMismatch(
                 f"checkpoint does not match this model: {prefix}{name} has shape {got} in the checkpoint but "
                 f"{want} in the model; restore it with the config it was trained with"
             )

@@ -93,6 +93,8 @@ def base_config() -> ConfigDict:
             log_every=10,
             save_every=1000,
             keep_checkpoints=3,
+            restore_step=0,
+            allow_config_change=False,
         )
     )
     c.data = ConfigDict(

@@ -39,6 +39,7 @@ def main(argv: list[str]) -> None:
     maybe_initialize_distributed()  # before anything touches the devices
 
     from hybrid_jax.train.loop import TooManySkippedSteps, train
+    from hybrid_jax.train.resume import RUN_ERRORS
     from hybrid_jax.train.validate import ConfigError
 
     config = _CONFIG.value
@@ -46,7 +47,7 @@ def main(argv: list[str]) -> None:
         config.train.workdir = f"runs/{config.model.name or 'run'}"
     try:
         train(config)
-    except (ConfigError, TooManySkippedSteps) as e:
+    except (ConfigError, TooManySkippedSteps, *RUN_ERRORS) as e:
         sys.exit(f"error: {e}")
 
 

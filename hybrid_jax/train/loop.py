@@ -8,15 +8,14 @@ import jax
 from flax import nnx
 from ml_collections import ConfigDict
 
-from hybrid_jax.config import to_json
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.flops import flops_per_token
 from hybrid_jax.kernels import tuning_file
 from hybrid_jax.model import HybridLM, count_params, layer_plan
 from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.checkpoint import Checkpointer
 from hybrid_jax.train.metrics import MetricsLogger
 from hybrid_jax.train.optim import make_optimizer
+from hybrid_jax.train.resume import open_run, resume
 from hybrid_jax.train.step import init_state, make_train_step
 from hybrid_jax.train.validate import ConfigError, validate
 
@@ -57,12 +56,13 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
         lambda: HybridLM(config.model, rngs=nnx.Rngs(t.seed)), tx, mesh, zero1=t.zero1, seed=t.seed
     )
     data_iter = make_train_iterator(config, process_index=jax.process_index(), process_count=jax.process_count())
-    ckpt = Checkpointer(workdir, t)
-    if ckpt.latest_step() is not None:
-        log(f"resuming from {workdir / 'checkpoints'} step {ckpt.latest_step()}")
-        state = ckpt.restore(abstract_like(state, shardings), data_iter)
-    if jax.process_index() == 0:
-        (workdir / "config.json").write_text(to_json(config))
+    ckpt, lock = open_run(workdir, t, log)  # one run per workdir (train/lock.py), then its checkpoints
+    try:  # the newest checkpoint that passes its checks, or train.restore_step; the config history (train/resume.py)
+        state = resume(ckpt, config, abstract_like(state, shardings), data_iter, log) or state
+    except BaseException:
+        ckpt.close()
+        lock.release()
+        raise
 
     step_fn = make_train_step(graphdef, tx, t, mesh, shardings, accum=accum)
     batch_sharding = mesh_lib.batch_sharding(mesh)
@@ -90,9 +90,12 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
         if previous is not None:
             _check_skipped(*previous, t.max_skipped_in_a_row, logger)
     finally:
-        ckpt.wait()
-        ckpt.close()
-        logger.close()
+        try:
+            ckpt.wait()
+        finally:
+            ckpt.close()
+            lock.release()
+            logger.close()
         data_iter.close()
     return record
 
@@ -101,10 +104,11 @@ def _check_skipped(step: int, metrics: dict, limit: int, logger: MetricsLogger) 
     if bool(metrics["finite"]):
         return
     in_a_row = int(metrics["skipped_in_a_row"])
-    logger.warn(f"step {step}: non-finite loss or gradient, update skipped ({in_a_row} in a row, "
+    logger.warn(f"step {step}: non-finite loss, gradient or update, update skipped ({in_a_row} in a row, "
                 f"{int(metrics['skipped'])} in total)")
     if in_a_row >= limit:
         raise TooManySkippedSteps(
-            f"stopping: {in_a_row} steps in a row had a non-finite loss or gradient (train.max_skipped_in_a_row="
-            f"{limit}); lower train.lr, check the data, or restart from an earlier checkpoint"
+            f"stopping: {in_a_row} steps in a row had a non-finite loss, gradient or update "
+            f"(train.max_skipped_in_a_row={limit}); lower train.lr, check the data, or restart from an earlier "
+            "checkpoint with --config.train.restore_step=STEP"
         )

@@ -1,6 +1,11 @@
-"""Checkpoints: exact resume (40 straight == 30 + restart to 40), retention, shape-mismatch refusal, load()."""
+"""Checkpoints: exact resume (40 straight == 30 + restart to 40), retention, shape-mismatch refusal, load();
+a corrupted checkpoint's fallback, train.restore_step, the config history, the workdir lock."""
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +14,11 @@ import pytest
 from flax import nnx
 
 import hybrid_jax
-from hybrid_jax.checkpoints import CheckpointReader
-from hybrid_jax.train.checkpoint import Checkpointer
+from hybrid_jax.checkpoints import CheckpointReader, read_config
+from hybrid_jax.train import integrity
+from hybrid_jax.train.checkpoint import Checkpointer, NoUsableCheckpoint
+from hybrid_jax.train.config_history import ConfigChangeRefused
+from hybrid_jax.train.lock import WorkdirLocked
 from hybrid_jax.train.loop import train
 from hybrid_jax.train.optim import learning_rate_schedule
 from tests.train.common import tiny_config
@@ -89,3 +97,130 @@ def test_checkpoint_of_another_shape_is_refused(straight):
     want = r"params/layers/1/mlp/linear_fc1/kernel has shape \(32, 128\) in the checkpoint but \(32, 96\)"
     with pytest.raises(ValueError, match=want):
         train(other, log=lambda *_: None)
+
+
+# --- checkpoints you can trust: verified restores, restore_step, config history, one run per workdir -----------
+
+
+def _copy_run(straight, tmp_path):
+    """A copy of the straight run's workdir (its checkpoints 20, 30, 40), to damage or resume."""
+    run = tmp_path / "run"
+    shutil.copytree(straight[0], run)
+    return run
+
+
+def test_corrupted_checkpoint_falls_back_to_the_previous_one_with_an_identical_continuation(straight, tmp_path):
+    run = _copy_run(straight, tmp_path)
+    newest = run / "checkpoints" / "40"
+    files = json.loads((newest / "integrity.json").read_text())["files"]
+    assert "state/_METADATA" in files and "data/process_0-of-1.json" in files
+    largest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    with open(largest, "r+b") as f:  # 16 KiB of garbage over the largest data file, size unchanged
+        f.seek(64)
+        f.write(np.random.default_rng(0).integers(0, 256, 16384, dtype=np.uint8).tobytes())
+    lines: list[str] = []
+    resumed = train(tiny_config(str(run)), log=lambda *a: lines.append(" ".join(map(str, a))))
+    name = str(largest.relative_to(newest))
+    assert f"checkpoint step 40 is unusable: {name} does not match its SHA-256" in "\n".join(lines), lines
+    assert any(line.startswith("resuming from") and line.endswith("step 30") for line in lines), lines
+    np.testing.assert_allclose(resumed["loss"], straight[1]["loss"], rtol=1e-6)  # 31..40 again, as before
+    np.testing.assert_allclose(resumed["grad_norm"], straight[1]["grad_norm"], rtol=1e-5)
+    quarantined = run / "checkpoints-quarantine"
+    assert (quarantined / "40" / name).is_file()  # moved aside, not deleted
+    note = (quarantined / "README.txt").read_text().splitlines()
+    assert len(note) == 1 and "checkpoint step 40 -> 40" in note[0] and name in note[0]
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [20, 30, 40]
+    assert integrity.verify(run / "checkpoints" / "40") is None  # the new step 40, written again
+
+
+def test_restore_step_rewinds_and_sets_the_newer_checkpoints_aside(straight, tmp_path):
+    run = _copy_run(straight, tmp_path)
+    with pytest.raises(NoUsableCheckpoint, match=r"restore_step=25: .* no checkpoint at step 25 \(it has \[20, 30"):
+        train(tiny_config(str(run), restore_step=25), log=lambda *_: None)
+    lines: list[str] = []
+    config = tiny_config(str(run), restore_step=20)
+    resumed = train(config, log=lambda *a: lines.append(" ".join(map(str, a))))
+    text = "\n".join(lines)
+    assert "checkpoint step 30 set aside (newer than train.restore_step=20)" in text, text
+    assert "resuming from" in text and text.count("set aside") == 2
+    assert sorted(p.name for p in (run / "checkpoints-quarantine").iterdir() if p.is_dir()) == ["30", "40"]
+    np.testing.assert_allclose(resumed["loss"], straight[1]["loss"], rtol=1e-6)  # 21..40 again, as before
+    losses = _losses(run)
+    assert losses[30] == pytest.approx(_losses(straight[0])[30], rel=1e-6)
+    lines.clear()  # the same command again: it does not rewind a second time
+    train(config, log=lambda *a: lines.append(" ".join(map(str, a))))
+    assert any("train.restore_step=20 was applied already" in line for line in lines), lines
+    assert any("nothing to do: the checkpoint is at step 40" in line for line in lines), lines
+
+
+def test_a_changed_config_is_recorded_and_a_model_change_refused(straight, tmp_path):
+    run = _copy_run(straight, tmp_path)
+    start = (run / "config.json").read_text()
+    other = tiny_config(str(run))
+    other.model.mla.rope_theta = 10000.0
+    with pytest.raises(ConfigChangeRefused, match=r"model.mla.rope_theta changed .*500000.0 -> 10000.0.* "
+                                                  r"--config.train.allow_config_change=true"):
+        train(other, log=lambda *_: None)
+    lines: list[str] = []
+    train(tiny_config(str(run), lr=2e-3), log=lambda *a: lines.append(" ".join(map(str, a))))
+    assert any("config changed from step 41 (saved as config-41.json" in line and "train.lr: 0.003 -> 0.002" in line
+               for line in lines), lines
+    assert (run / "config.json").read_text() == start
+    assert json.loads((run / "config-41.json").read_text())["train"]["lr"] == 2e-3
+    other.train.allow_config_change = True
+    train(other, log=lambda *_: None)
+    assert json.loads((run / "config-41.json").read_text())["model"]["mla"]["rope_theta"] == 10000.0
+    _, config = hybrid_jax.load(run)  # checkpoint 40 was trained with the config of config.json
+    assert config.model.mla.rope_theta == 500000.0 and config.train.lr == 3e-3
+    assert read_config(run, 41).model.mla.rope_theta == 10000.0
+
+
+def test_a_second_run_on_the_workdir_is_refused_and_a_dead_runs_lock_taken_over(straight, tmp_path):
+    run = _copy_run(straight, tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from hybrid_jax.train.lock import WorkdirLock; "
+         "WorkdirLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(120)", str(run)],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(WorkdirLocked, match=rf"{run} is in use by another run \(pid {holder.pid} on "):
+            train(tiny_config(str(run)), log=lambda *_: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    lines: list[str] = []
+    train(tiny_config(str(run)), log=lambda *a: lines.append(" ".join(map(str, a))))
+    assert any(f"took over the lock of a run that no longer exists (pid {holder.pid} on" in line for line in lines)
+    assert not (run / "train.lock").exists()  # released at the end
+
+
+# --- Ctrl-C / preemption: finish the step, save it, stop; the rerun resumes exactly ---------------------------
+
+
+def test_sigint_mid_run_saves_the_step_and_the_rerun_resumes_exactly(straight, tmp_path):
+    import os
+    import signal
+    import threading
+
+    from hybrid_jax.train.interrupt import Interrupted, StopRequests
+
+    def interrupt_once_armed():  # SIGINT as soon as the trainer's handler is installed (it is compiling step 1)
+        while getattr(signal.getsignal(signal.SIGINT), "__self__", None).__class__ is not StopRequests:
+            threading.Event().wait(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    config = tiny_config(str(tmp_path))  # save_every 10: a checkpoint at step 1 can only be the interrupt's
+    threading.Thread(target=interrupt_once_armed, daemon=True).start()
+    with pytest.raises(Interrupted) as e:
+        train(config, log=lambda *_: None)
+    assert (e.value.step, e.value.exit_status) == (1, 130)
+    assert str(e.value) == (f"SIGINT: interrupted at step 1; checkpoint saved in {tmp_path}; rerun the same command "
+                            "to resume")
+    assert Checkpointer(tmp_path).latest_step() == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is gone again
+
+    resumed = train(config, log=lambda *_: None)
+    assert resumed["step"] == 40
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [10, 20, 30, 40]
+    assert _losses(tmp_path) == pytest.approx(_losses(straight[0]), rel=1e-6)
