@@ -83,7 +83,10 @@ class Checkpointer:
             ),
             preservation_policy=preserve,
             enable_async_checkpointing=True,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest),
+            # step folders created before save() returns: a folder that cannot be written fails at once, in one
+            # line, instead of after Orbax's 5-minute wait for its background creation
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest,
+                                           create_directories_asynchronously=False),
             cleanup_tmp_directories=True,
             create=True,
         )
@@ -106,13 +109,16 @@ class Checkpointer:
     def save(self, step: int, state: dict, data_iter: grain.DatasetIterator, *, force: bool = False) -> bool:
         """Start an async save of ``state`` and the iterator at ``step`` if due (or ``force``); True if started.
 
-        A save that cannot be written (folder not writable, disk full) is a :class:`CheckpointSaveError`."""
-        if not (force or self.manager.should_save(step)):
-            return False
-        metrics = {HEALTH: int(state[HEALTH])}
-        args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
-                                  data=grain.checkpoint.CheckpointSave(item=data_iter))
+        A save that cannot be written (folder not writable, disk full) is a :class:`CheckpointSaveError`: at
+        this call when the folder cannot be created, at the next call (the next step) when the background
+        write failed. Call it every step."""
         try:
+            self.manager.check_for_errors()  # the background write of the previous save
+            if not (force or self.manager.should_save(step)):
+                return False
+            metrics = {HEALTH: int(state[HEALTH])}
+            args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
+                                      data=grain.checkpoint.CheckpointSave(item=data_iter))
             started = self.manager.save(step, args=args, metrics=metrics, force=force)
         except Exception as e:  # noqa: BLE001 (a storage problem becomes one line naming the folder)
             if (error := save_error(e, self.directory, step if self._saving is None else self._saving)) is None:

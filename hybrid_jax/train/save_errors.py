@@ -9,7 +9,7 @@ from pathlib import Path
 _CAUSES = {
     errno.EACCES: "is not writable", errno.EPERM: "is not writable", errno.EROFS: "is on a read-only file system",
     errno.ENOSPC: "is full (no space left on the device)", errno.EDQUOT: "is over its disk quota",
-    errno.ENOENT: "was removed",
+    errno.ENOENT: "was removed", errno.ENOTDIR: "is not a folder", errno.EEXIST: "is not a folder",
 }
 _PATTERNS = {  # the same, as TensorStore / Orbax word them in their own exceptions
     "Permission denied": "is not writable", "PERMISSION_DENIED": "is not writable",
