@@ -134,7 +134,10 @@ def attention(
 
     _check_segments("attention", segment_ids, q.shape)
     if impl == "auto" and (impl := auto_impl(q, v, segment_ids)) == "cudnn":
-        return cudnn_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
+        try:  # cuDNN checks the shape when traced, for training too (e.g. it refuses an odd T there)
+            return cudnn_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
+        except NotImplementedError:
+            impl = "pallas"
     impl = _resolve(impl, "attention", ("xla", "naive", "pallas", "pallas_interpret"))
     if impl in ("pallas", "pallas_interpret"):
         return flash_attention(q, k, v, causal=causal, scale=scale, interpret=impl == "pallas_interpret",

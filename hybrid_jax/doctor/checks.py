@@ -11,10 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_jax.doctor.cases import Case, call, inputs
-from hybrid_jax.tune.sweep import median_ms, rel_rms
-
-# rel RMS against a float32 reference (the test suite's): (forward, gradients) by the kernel's input dtype
-TOLERANCE = {"bfloat16": (5e-3, 2e-2), "float32": (1e-4, 1e-4)}
+from hybrid_jax.tune.sweep import TOLERANCE, median_ms, rel_rms
 
 
 def _short(e: BaseException, n: int = 240) -> str:
