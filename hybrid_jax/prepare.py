@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from hybrid_jax.data.prepare import open_documents, prepare
 
@@ -40,11 +41,16 @@ def main(argv: list[str] | None = None) -> None:
                               tfds_data_dir=args.tfds_data_dir, hf_config=args.hf_config)
         m = prepare(docs, args.tokenizer, args.output, workers=args.workers, limit_docs=args.limit_docs,
                     force=args.force, shard_tokens=args.shard_tokens, source=args.input)
-    except (FileExistsError, FileNotFoundError, ImportError) as e:  # a usage problem: the message says what to do
+    except (FileExistsError, FileNotFoundError, ImportError, ValueError) as e:  # the message says what to do
         raise SystemExit(f"error: {e}") from e
+    except KeyError as e:  # a jsonl row without the text field
+        raise SystemExit(f"error: {e.args[0]}") from e
+    if m["null_texts_skipped"]:
+        print(f"note: {m['null_texts_skipped']} documents with a null text were left out", file=sys.stderr)
     summary = {k: m[k] for k in ("num_documents", "num_tokens", "vocab_size", "eos_id", "seconds")}
     summary["tokens_per_second"] = m["num_tokens"] / m["seconds"]
     summary["shards"] = len(m["shards"])
+    summary["null_texts_skipped"] = m["null_texts_skipped"]
     print(json.dumps(summary))
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -73,9 +74,35 @@ def _file_documents(paths: list[str], column: str) -> Documents:
         if not p.endswith(_FILE_SUFFIXES):
             raise ValueError(f"{p}: expected .parquet or .jsonl(.gz) files")
     total = None
+    for p in paths:
+        if p.endswith(".parquet"):
+            _check_parquet_column(p, column)
     if all(p.endswith(".parquet") for p in paths):
         total = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     return Documents(itertools.chain.from_iterable(_read_file(p, column) for p in paths), total)
+
+
+def _check_parquet_column(path: str, column: str) -> None:
+    """A ValueError unless ``path`` has a string column ``column``."""
+    schema = pq.ParquetFile(path).schema_arrow
+    if column not in schema.names:
+        raise ValueError(f"{path} has no column {column!r} (its columns: {', '.join(schema.names)}); "
+                         "name the text column with --text-column")
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        raise ValueError(f"{path}: column {column!r} holds {kind}, not text; name the text column with --text-column")
+
+
+def checked_texts(texts: Iterable[Any], source: str, nulls: list[int]) -> Iterator[str]:
+    """``texts`` with null ones left out and counted in ``nulls[0]``; a ValueError for a text that is not a string."""
+    for i, text in enumerate(texts):
+        if text is None:
+            nulls[0] += 1
+            continue
+        if not isinstance(text, str):
+            raise ValueError(f"{source or 'the input'}: document {i} is a {type(text).__name__} ({text!r:.40}), "
+                             "not text; name the text column with --text-column")
+        yield text
 
 
 def _read_file(path: str, column: str) -> Iterator[str]:
@@ -219,13 +246,17 @@ def prepare(
 ) -> dict[str, Any]:
     """Tokenize ``documents`` into ``output``; returns the manifest (plus ``seconds``, not stored).
 
+    Null texts are left out (not made empty documents) and counted in the manifest's ``null_texts_skipped``; a
+    text that is not a string is a ValueError naming the document.
+
     ``workers <= 1`` tokenizes in this process; more starts that many worker processes.
     """
     tokenizer_file = resolve_path(tokenizer_path).resolve()
     tokenizer = load_tokenizer(tokenizer_file)
     out = Path(output)
     _claim_output(out, force)
-    texts, total = documents.texts, documents.total
+    nulls = [0]
+    texts, total = checked_texts(documents.texts, source, nulls), documents.total
     if limit_docs is not None:
         texts = itertools.islice(texts, limit_docs)
         total = limit_docs if total is None else min(total, limit_docs)
@@ -256,12 +287,14 @@ def prepare(
             pool.terminate()
     seconds = time.perf_counter() - start
     if num_docs == 0:
-        raise ValueError(f"{source or 'the input'} has no documents")
+        nulls_note = f" ({nulls[0]} null texts)" if nulls[0] else ""
+        raise ValueError(f"{source or 'the input'} has no documents{nulls_note}")
 
     manifest = dict(
         format=FORMAT,
         source=source,
         num_documents=num_docs,
+        null_texts_skipped=nulls[0],  # rows whose text was null: left out, not made empty documents
         num_tokens=num_tokens,
         dtype=TOKEN_DTYPE.name,
         tokenizer=dict(path=str(tokenizer_file), sha256=file_sha256(tokenizer_file), kind=detect_kind(tokenizer_file)),

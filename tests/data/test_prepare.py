@@ -114,3 +114,25 @@ def test_input_errors(tmp_path):
     _write_jsonl(tmp_path / "docs.jsonl", ["x"])
     with pytest.raises(KeyError, match="'body'"):
         next(open_documents(str(tmp_path / "docs.jsonl"), text_column="body").texts)
+
+
+def test_bad_text_columns_are_one_line_errors_and_null_texts_are_counted(tmp_path, tokenizer, capsys):
+    path = tmp_path / "in.parquet"
+    run = lambda *extra: main(["--input", str(path), "--tokenizer", str(tokenizer), "--output",
+                               str(tmp_path / "out"), "--workers", "1", "--force", *extra])
+    pq.write_table(pa.table({"id": [1, 2], "body": ["a b", "c"]}), path)
+    with pytest.raises(SystemExit, match=rf"^error: {path} has no column 'text' \(its columns: id, body\); name the "
+                                         "text column with --text-column$"):
+        run()
+    with pytest.raises(SystemExit, match=rf"^error: {path}: column 'id' holds int64, not text"):
+        run("--text-column", "id")
+    pq.write_table(pa.table({"text": [DOCS[0], None, DOCS[1], None]}), path)
+    run()
+    captured = capsys.readouterr()
+    assert "note: 2 documents with a null text were left out" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["null_texts_skipped"] == 2
+    assert [d.tolist() for d in read_documents(tmp_path / "out")] == _expected(tokenizer, DOCS[:2])  # no empty ones
+    _write_jsonl(tmp_path / "docs.jsonl", [3, "x"])
+    with pytest.raises(SystemExit, match=r"^error: .*docs.jsonl: document 0 is a int \(3\), not text"):
+        main(["--input", str(tmp_path / "docs.jsonl"), "--tokenizer", str(tokenizer), "--output",
+              str(tmp_path / "out2"), "--workers", "1"])
