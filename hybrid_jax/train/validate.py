@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from hybrid_jax.model.plan import sublayer_kinds
+from hybrid_jax.train.model_sizes import check_model_sizes
 
 
 class ConfigError(ValueError):
@@ -28,6 +29,7 @@ def accumulation_steps(train_cfg: ConfigDict, batch_shards: int) -> int:
 
 def validate(config: ConfigDict, batch_shards: int) -> int:
     """Check ``config`` for a mesh with ``batch_shards`` batch shards; returns the accumulation steps."""
+    check_model_sizes(config.model, ConfigError)
     try:
         sublayer_kinds(config.model)
     except ValueError as e:

@@ -1,0 +1,17 @@
+"""Non-positive model sizes are one-line config errors before anything is built."""
+
+import pytest
+
+from hybrid_jax.train.validate import ConfigError, validate
+from tests.train.common import tiny_config
+
+
+@pytest.mark.parametrize("key,value", [("hidden_size", -64), ("ffn_size", 0), ("mla.num_heads", 0),
+                                       ("gdn.key_head_dim", -1), ("mla.kv_lora_rank", 0)])
+def test_non_positive_model_sizes_are_refused(key, value):
+    config = tiny_config()
+    section, _, name = key.rpartition(".")
+    (config.model[section] if section else config.model)[name] = value
+    with pytest.raises(ConfigError, match=rf"^model.{key}={value} must be a positive integer$"):
+        validate(config, 8)
+    assert validate(tiny_config(), 8) == 1  # the unchanged config passes (chunk_size 0 allowed)
