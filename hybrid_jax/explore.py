@@ -45,7 +45,8 @@ from hybrid_jax import kernels
 from hybrid_jax.checkpoints import load
 from hybrid_jax.config import load_config_file
 from hybrid_jax.data.mock import SUCCESSOR_PROBS, MarkovSequences
-from hybrid_jax.data.tokenizer import Tokenizer, load_tokenizer
+from hybrid_jax.data.run_tokenizer import run_tokenizer
+from hybrid_jax.data.tokenizer import Tokenizer
 from hybrid_jax.kernels.reference import l2_normalize
 from hybrid_jax.model import HybridLM
 from hybrid_jax.model.layers import split_heads
@@ -68,8 +69,8 @@ def load_model(workdir: str | Path | None = None, config: str | Path | ConfigDic
 
 
 def tokenizer_of(config: ConfigDict) -> Tokenizer | None:
-    """The run's tokenizer (``data.tokenizer``), or None for mock data."""
-    return load_tokenizer(config.data.tokenizer) if config.data.tokenizer else None
+    """The run's tokenizer (``data.tokenizer``, else its prepared data's manifest's), or None for mock data."""
+    return run_tokenizer(config)
 
 
 def prompt_tokens(config: ConfigDict, text: str | None = None, length: int = 64, index: int = 0) -> np.ndarray:

@@ -31,9 +31,11 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from hybrid_jax.checkpoints import load
-from hybrid_jax.data.tokenizer import Tokenizer, load_tokenizer
+from hybrid_jax.data.run_tokenizer import MOCK_NOTE, NoTokenizer, run_tokenizer
+from hybrid_jax.data.tokenizer import Tokenizer
 from hybrid_jax.model import HybridLM
 from hybrid_jax.model.cache import Cache, compile_decoder
+from hybrid_jax.quiet import quiet_absl
 
 CHECK_PROMPT = "The capital of France is"
 
@@ -122,7 +124,7 @@ class Codec:
         if ids is not None:
             return [int(i) for i in ids.replace(",", " ").split()]
         if self.tokenizer is None:
-            raise SystemExit("this run has no tokenizer (mock data): give the prompt as token ids, "
+            raise SystemExit(f"error: {MOCK_NOTE}: give the prompt as token ids, "
                              "e.g. --prompt-ids 1,2,3 (in --chat: a line of ids)")
         return ([self.tokenizer.eos_id] if start else []) + self.tokenizer.encode(text or "")
 
@@ -293,8 +295,12 @@ def chat(gen: Generator, codec: Codec, args: argparse.Namespace, key: jax.Array)
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    quiet_absl()
     model, config = load(args.workdir, args.step)
-    codec = Codec(load_tokenizer(config.data.tokenizer) if config.data.tokenizer else None)
+    try:
+        codec = Codec(run_tokenizer(config))
+    except NoTokenizer as e:
+        raise SystemExit(f"error: {e}") from None
     if args.check:
         check(model, config, codec, args)
         return
