@@ -124,7 +124,7 @@ class Codec:
         if ids is not None:
             return [int(i) for i in ids.replace(",", " ").split()]
         if self.tokenizer is None:
-            raise SystemExit(f"error: {MOCK_NOTE}: give the prompt as token ids, "
+            raise SystemExit(f"error: {MOCK_NOTE}; give the prompt as token ids, "
                              "e.g. --prompt-ids 1,2,3 (in --chat: a line of ids)")
         return ([self.tokenizer.eos_id] if start else []) + self.tokenizer.encode(text or "")
 

@@ -59,4 +59,4 @@ def run_tokenizer(config: ConfigDict) -> Tokenizer | None:
     return load_tokenizer(path) if path else None
 
 
-MOCK_NOTE = "this run trained on mock data (data.source=mock), so it has no tokenizer"
+MOCK_NOTE = "this run has no tokenizer (it trained on mock data, data.source=mock)"
