@@ -95,13 +95,16 @@ def base_config() -> ConfigDict:
             keep_checkpoints=3,
             restore_step=0,
             allow_config_change=False,
+            eval_every=1000,  # validation loss every N steps and at the end (needs data.validation_path); 0: off
+            eval_batches=8,  # validation batches of micro_batch_size x data shards windows, the same at every eval
         )
     )
     c.data = ConfigDict(
         dict(
             source="mock",  # mock | tokens
             path="",  # prepared token shards (hybrid_jax.prepare --output)
-            tokenizer="",
+            tokenizer="",  # empty with source=tokens: the tokenizer recorded in data.path's manifest
+            validation_path="",  # held-out data: a prepared dataset, a .jsonl/.parquet of documents, or "mock"
             num_workers=0,
         )
     )

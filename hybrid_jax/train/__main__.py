@@ -1,8 +1,13 @@
 """``python -m hybrid_jax.train --config configs/X.py [--config.train.steps=N --config.train.workdir=DIR ...]``.
 
-The config is locked: an unknown key or a value of the wrong type is an error before anything runs. The
-resolved config is printed and saved as ``WORKDIR/config.json``; a rerun in the same workdir resumes from
-its newest complete checkpoint. An empty ``train.workdir`` means ``runs/<model.name>``.
+The config is locked: an unknown key (with the nearest known ones) or a value of the wrong type is an error before
+anything runs, and so is every problem the trainer can see before building the model (values, data, tokenizer,
+validation data, tuning file, an existing checkpoint's shapes): one line, no traceback, no workdir created. The
+resolved config is printed and saved as ``WORKDIR/config.json``; a rerun in the same workdir resumes from its newest
+complete checkpoint. An empty ``train.workdir`` means ``runs/<model.name>``. ``--show-config`` lists every key
+with its value and meaning and exits.
+
+Exit status: 0 done; 1 an error; 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint (rerun to resume).
 """
 
 from __future__ import annotations
@@ -13,19 +18,31 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py)", lock_config=True)
+_SHOW = flags.DEFINE_bool("show_config", False, "list every config key with its value, default and meaning, and "
+                          "exit (also --show-config)")
+
+
+def _unknown_key(argv: list[str], name: str) -> str:
+    """The one-line error for an unknown config key ``name``, with the nearest known keys."""
+    from hybrid_jax.config_help import nearest_keys
+
+    culprit = [a for a in argv if a.startswith("--config.") and name in a.split("=")[0].split(".")]
+    dotted = culprit[0].split("=")[0].removeprefix("--config.") if culprit else name
+    near = nearest_keys(dotted)
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    return (f"error: unknown config key '{name}' in {culprit[0] if culprit else argv[1:]}{hint} "
+            "(--show-config lists every key)")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing with one-line errors for unknown config keys and unparsable values."""
+    argv = ["--show_config" if a == "--show-config" else a for a in argv]
     try:
         return flags.FLAGS(argv)
     except (KeyError, AttributeError) as e:
         while isinstance(e, BaseException) and e.args:  # ml_collections wraps the KeyError in an AttributeError
             e = e.args[0]
-        name = str(e).split()[0].strip("\"'")
-        culprit = [a for a in argv if a.startswith("--config.") and name in a.split("=")[0].split(".")]
-        sys.exit(f"error: unknown config key '{name}' in {culprit[0] if culprit else argv[1:]}; "
-                 "the keys are those of hybrid_jax/config.py")
+        sys.exit(_unknown_key(argv, str(e).split()[0].strip("\"'")))
     except flags.Error as e:
         sys.exit(f"error: {e}")
 
@@ -33,22 +50,34 @@ def parse_flags(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides look like --config.train.steps=100")
-    logging.set_verbosity(logging.WARNING)  # keep Orbax's and JAX's INFO lines out of the progress output
+    logging.set_verbosity(logging.ERROR)  # keep Orbax's and JAX's INFO and WARNING lines out of the progress output
+    config = _CONFIG.value
+    if _SHOW.value:
+        from hybrid_jax.config_help import show_config
+
+        print(show_config(config))
+        return
     from hybrid_jax.train.mesh import maybe_initialize_distributed
 
     maybe_initialize_distributed()  # before anything touches the devices
 
+    from hybrid_jax.train.interrupt import Interrupted
     from hybrid_jax.train.loop import TooManySkippedSteps, train
     from hybrid_jax.train.resume import RUN_ERRORS
     from hybrid_jax.train.validate import ConfigError
 
-    config = _CONFIG.value
     if not config.train.workdir:
         config.train.workdir = f"runs/{config.model.name or 'run'}"
     try:
         train(config)
     except (ConfigError, TooManySkippedSteps, *RUN_ERRORS) as e:
         sys.exit(f"error: {e}")
+    except Interrupted as e:
+        print(str(e), file=sys.stderr, flush=True)
+        sys.exit(e.exit_status)
+    except KeyboardInterrupt:  # before the first step: nothing was trained, nothing to save
+        print("interrupted before the first step; nothing to save", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,17 @@ from ml_collections import ConfigDict
 
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.flops import flops_per_token
-from hybrid_jax.kernels import tuning_file
 from hybrid_jax.model import HybridLM, count_params, layer_plan
 from hybrid_jax.train import mesh as mesh_lib
+from hybrid_jax.train.evaluate import Evaluator
+from hybrid_jax.train.inputs import check_inputs
+from hybrid_jax.train.interrupt import Interrupted, StopRequests
 from hybrid_jax.train.metrics import MetricsLogger
 from hybrid_jax.train.optim import make_optimizer
+from hybrid_jax.train.progress import TrainProgress
 from hybrid_jax.train.resume import open_run, resume
 from hybrid_jax.train.step import init_state, make_train_step
-from hybrid_jax.train.validate import ConfigError, validate
+from hybrid_jax.train.validate import ConfigError, clamp_warmup, validate
 
 
 class TooManySkippedSteps(RuntimeError):
@@ -41,13 +44,12 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
     except ValueError as e:
         raise ConfigError(str(e)) from None
     accum = validate(config, mesh_lib.batch_shards(mesh))
+    notes = [clamp_warmup(t), *(inputs := check_inputs(config, mesh_lib.batch_shards(mesh))).notes]  # files
     workdir = Path(t.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     log(config)
-    try:
-        log(f"kernel launch configs: {tuning_file.use(config.model.tuning)}")
-    except tuning_file.TuningFileError as e:
-        raise ConfigError(f"model.tuning: {e}") from None
+    for note in filter(None, notes):
+        log(note)
     log(f"model {config.model.name}: {count_params(config.model) / 1e6:.2f}M parameters, plan "
         f"{layer_plan(config.model)}; mesh {dict(mesh.shape)}, accumulation {accum}, workdir {workdir}")
 
@@ -66,29 +68,47 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
 
     step_fn = make_train_step(graphdef, tx, t, mesh, shardings, accum=accum)
     batch_sharding = mesh_lib.batch_sharding(mesh)
+    progress = TrainProgress(t.steps)
     logger = MetricsLogger(workdir, flops_per_token=flops_per_token(config.model, t.seq_len),
-                           tokens_per_step=t.global_batch_size * t.seq_len, total_steps=t.steps)
+                           tokens_per_step=t.global_batch_size * t.seq_len, total_steps=t.steps,
+                           resume_step=int(state["step"]), console=progress.console)
+    evaluator = None if inputs.windows is None else Evaluator(graphdef, inputs.windows, t, mesh, shardings["params"])
     first, last = int(state["step"]) + 1, min(t.steps, stop_after or t.steps)
     record: dict = {}
     if first > last:
         log(f"nothing to do: the checkpoint is at step {first - 1} and the run ends at step {last}")
     previous = None  # the last step's metrics, read one step late so the host never stalls the device
+    stop, stopping = StopRequests(say=progress.print), False  # Ctrl-C / SIGTERM: finish the step, save, stop
     try:
-        for step in range(first, last + 1):
-            batch = jax.make_array_from_process_local_data(batch_sharding, next(data_iter))
-            state, metrics = step_fn(state, batch)
+        with progress, stop:
+            for step in range(first, last + 1):
+                batch = jax.make_array_from_process_local_data(batch_sharding, next(data_iter))
+                if step == first:
+                    with progress.compiling():
+                        state, metrics = step_fn(state, batch)
+                        jax.block_until_ready(metrics)
+                    logger.start_clock(step)
+                    progress.start(step)
+                else:
+                    state, metrics = step_fn(state, batch)
+                if previous is not None:
+                    _check_skipped(*previous, t.max_skipped_in_a_row, logger)
+                previous = (step, metrics)
+                logged = step % t.log_every == 0 or step == last
+                if logged:
+                    values = {k: v.item() for k, v in jax.device_get(metrics).items() if k != "finite"}
+                    record = logger.log(step, values)
+                stopping = stop.should_stop(step, log_point=logged, manager=ckpt.manager)
+                if ckpt.save(step, state, data_iter, force=step == last or stopping):
+                    progress.saving(step, ckpt.manager.directory)
+                if evaluator is not None and (step % t.eval_every == 0 or step == last or stopping):
+                    logger.log_validation(step, evaluator(state["params"], progress))
+                progress.advance(step, record if logged else None)
+                progress.saved(ckpt.manager.is_saving_in_progress())
+                if stopping:
+                    break
             if previous is not None:
                 _check_skipped(*previous, t.max_skipped_in_a_row, logger)
-            previous = (step, metrics)
-            if step == first:
-                jax.block_until_ready(metrics)
-                logger.start_clock(step)
-            if step % t.log_every == 0 or step == last:
-                values = {k: v.item() for k, v in jax.device_get(metrics).items() if k != "finite"}
-                record = logger.log(step, values)
-            ckpt.save(step, state, data_iter, force=step == last)
-        if previous is not None:
-            _check_skipped(*previous, t.max_skipped_in_a_row, logger)
     finally:
         try:
             ckpt.wait()
@@ -97,6 +117,13 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
             lock.release()
             logger.close()
         data_iter.close()
+    progress.saved(False)
+    if first <= last:
+        progress.summary(first=first, last=step, tokens_per_step=t.global_batch_size * t.seq_len,
+                         tokens_per_s=logger.throughput()[0], mfu=logger.throughput()[1],
+                         skipped=int(state["skipped"]), workdir=workdir, interrupted=stopping)
+    if stopping:
+        raise Interrupted(step, stop.signum, str(workdir))
     return record
 
 

@@ -1,14 +1,20 @@
-"""Metrics every ``train.log_every`` steps: a rich console line, TensorBoard scalars, ``metrics.jsonl``.
+"""Metrics every ``train.log_every`` steps: a console line, TensorBoard scalars, ``metrics.jsonl``.
 
 Each logged step is one JSON line with ``step, loss, grad_norm, lr, tokens_per_s, tokens_per_s_per_device,
 mfu, memory_gib, peak_memory_gib, skipped`` (``mfu`` and the memory fields are null where the device does
 not report them, e.g. CPU). Throughput is measured between log points, over whole steps: the time of the
-steps since the previous log, after the device finished them.
+steps since the previous log, after the device finished them. A validation is its own line,
+``{"step", "val_loss", "val_ppl"}`` (TensorBoard ``val/loss``, ``val/ppl``).
+
+On resume from step ``N`` the lines past ``N`` (written by the run that was interrupted after its checkpoint) are
+dropped from ``metrics.jsonl`` and TensorBoard is told to purge its points past ``N`` (``purge_step``), so every
+step appears once and the plots have no doubled segment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -19,6 +25,7 @@ from tensorboardX import SummaryWriter
 from hybrid_jax.flops import peak_flops
 
 GIB = 2**30
+METRICS = "metrics.jsonl"
 
 
 def device_memory_gib() -> tuple[float | None, float | None]:
@@ -28,23 +35,48 @@ def device_memory_gib() -> tuple[float | None, float | None]:
     return (use / GIB if use is not None else None), (peak / GIB if peak is not None else None)
 
 
-class MetricsLogger:
-    """Writes the logs of process 0 (other processes only keep time). Call :meth:`log` with host values."""
+def drop_rows_after(path: Path, step: int) -> int:
+    """Rewrite the ``metrics.jsonl`` at ``path`` without the rows past ``step`` (atomically); returns how many."""
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
 
-    def __init__(self, workdir: str | Path, *, flops_per_token: float, tokens_per_step: int, total_steps: int):
+
+class MetricsLogger:
+    """Writes the logs of process 0 (other processes only keep time). Call :meth:`log` with host values.
+
+    ``resume_step``: the step the run restarts from (see the module docstring); ``console``: where the lines go
+    (the progress display's, so that they print above its bar).
+    """
+
+    def __init__(self, workdir: str | Path, *, flops_per_token: float, tokens_per_step: int, total_steps: int,
+                 resume_step: int | None = None, console: Console | None = None):
         self.enabled = jax.process_index() == 0
         self.flops_per_token, self.tokens_per_step, self.total_steps = flops_per_token, tokens_per_step, total_steps
         self.n_devices = jax.device_count()
         self.peak = peak_flops(jax.devices()[0])
-        self.console = Console(highlight=False)
+        self.console = console or Console(highlight=False)
         self._since: tuple[int, float] | None = None
+        self._clock: tuple[int, float] | None = None  # where throughput timing started (for the summary)
+        self.last: dict = {}
+        self.dropped = 0
         if self.enabled:
-            self.jsonl = open(Path(workdir) / "metrics.jsonl", "a")  # noqa: SIM115 (closed in close())
-            self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+            path = Path(workdir) / METRICS
+            if resume_step is not None:
+                self.dropped = drop_rows_after(path, resume_step)
+            self.jsonl = open(path, "a")  # noqa: SIM115 (closed in close())
+            purge = dict(purge_step=resume_step + 1) if resume_step is not None else {}
+            self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"), **purge)
 
     def start_clock(self, step: int) -> None:
         """Measure throughput from now, when ``step`` has just finished on the device."""
-        self._since = (step, time.perf_counter())
+        self._since = self._clock = (step, time.perf_counter())
 
     def log(self, step: int, values: dict[str, float]) -> dict:
         """Record ``values`` (loss, grad_norm, lr, skipped, ... as Python numbers) at ``step``; returns the record."""
@@ -55,12 +87,40 @@ class MetricsLogger:
         self._since = (step, now)
         memory, peak_memory = device_memory_gib()
         per_device = tokens_per_s / self.n_devices if tokens_per_s is not None else None
-        mfu = per_device * self.flops_per_token / self.peak if per_device is not None and self.peak else None
-        record = dict(step=step, **values, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_device, mfu=mfu,
-                      memory_gib=memory, peak_memory_gib=peak_memory)
+        record = dict(step=step, **values, tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_device,
+                      mfu=self._mfu(per_device), memory_gib=memory, peak_memory_gib=peak_memory)
+        self.last = record
         if self.enabled:
             self._write(record)
         return record
+
+    def log_validation(self, step: int, values: dict[str, float]) -> dict:
+        """Record a validation (``val_loss``, ``val_ppl``) at ``step``; returns the record. Its ``seconds`` (when
+        given) are left out of the training throughput."""
+        values = dict(values)
+        seconds = values.pop("seconds", 0.0)
+        self._since = self._since and (self._since[0], self._since[1] + seconds)
+        self._clock = self._clock and (self._clock[0], self._clock[1] + seconds)
+        record = dict(step=step, **values)
+        if self.enabled:
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
+            for key, value in values.items():
+                self.tb.add_scalar(f"val/{key.removeprefix('val_')}", value, step)
+            self.tb.flush()
+            self.console.print(f"step {step:>6}/{self.total_steps}  validation loss {values['val_loss']:.4f}  "
+                               f"perplexity {values['val_ppl']:.2f}", soft_wrap=True)
+        return record
+
+    def throughput(self) -> tuple[float | None, float | None]:
+        """Mean ``(tokens/s, MFU)`` from :meth:`start_clock` to the last logged step (None when not measured)."""
+        if self._clock is None or self._since is None or self._since[0] <= self._clock[0]:
+            return None, None
+        tokens_per_s = (self._since[0] - self._clock[0]) * self.tokens_per_step / (self._since[1] - self._clock[1])
+        return tokens_per_s, self._mfu(tokens_per_s / self.n_devices)
+
+    def _mfu(self, per_device: float | None) -> float | None:
+        return per_device * self.flops_per_token / self.peak if per_device is not None and self.peak else None
 
     def warn(self, message: str) -> None:
         if self.enabled:

@@ -210,6 +210,7 @@ def test_sigint_mid_run_saves_the_step_and_the_rerun_resumes_exactly(straight, t
         os.kill(os.getpid(), signal.SIGINT)
 
     config = tiny_config(str(tmp_path))  # save_every 10: a checkpoint at step 1 can only be the interrupt's
+    handler = signal.getsignal(signal.SIGINT)
     threading.Thread(target=interrupt_once_armed, daemon=True).start()
     with pytest.raises(Interrupted) as e:
         train(config, log=lambda *_: None)
@@ -217,7 +218,7 @@ def test_sigint_mid_run_saves_the_step_and_the_rerun_resumes_exactly(straight, t
     assert str(e.value) == (f"SIGINT: interrupted at step 1; checkpoint saved in {tmp_path}; rerun the same command "
                             "to resume")
     assert Checkpointer(tmp_path).latest_step() == 1
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is gone again
+    assert signal.getsignal(signal.SIGINT) is handler  # the previous handler is back
 
     resumed = train(config, log=lambda *_: None)
     assert resumed["step"] == 40

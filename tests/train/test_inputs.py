@@ -1,0 +1,103 @@
+"""Before the model is built: bad inputs are one line and leave no workdir; the tokenizer comes from the manifest;
+validation loss on fixed windows equals the loss recomputed from the saved checkpoint."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax
+from hybrid_jax.data.prepare import Documents, prepare
+from hybrid_jax.data.run_tokenizer import NoTokenizer, run_tokenizer_path
+from hybrid_jax.data.validation import validation_windows
+from hybrid_jax.train.loop import train
+from hybrid_jax.train.loss import cross_entropy
+from hybrid_jax.train.validate import ConfigError
+from tests.data.util import sample_documents, tiny_hf_tokenizer
+from tests.train.common import tiny_config
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A prepared dataset (a 300-id BPE tokenizer), a validation jsonl of other documents, another tokenizer."""
+    tmp = tmp_path_factory.mktemp("prepared")
+    tokenizer = tiny_hf_tokenizer(tmp, sample_documents(60, seed=1))
+    prepare(Documents(iter(sample_documents(200, seed=2)), None), tokenizer, tmp / "tokens", progress=False)
+    (tmp / "val.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_documents(40, seed=3)))
+    (tmp / "other").mkdir()
+    other = tiny_hf_tokenizer(tmp / "other", sample_documents(30, seed=9))
+    (tmp / "short.jsonl").write_text(json.dumps({"text": "the of"}) + "\n")
+    return dict(tokens=tmp / "tokens", tokenizer=tokenizer, val=tmp / "val.jsonl", other=other,
+                short=tmp / "short.jsonl", tmp=tmp)
+
+
+def _tokens_config(prepared, workdir, **overrides):
+    c = tiny_config(str(workdir))
+    c.model.vocab_size = 320
+    c.data.update(dict(source="tokens", path=str(prepared["tokens"])))
+    for key, value in overrides.items():
+        section, name = key.split(".", 1)
+        c[section][name] = value
+    return c
+
+
+BAD = [  # (overrides, the one line it must say)
+    ({"data.path": "{tmp}/nowhere"}, r"data.path: .*nowhere has no manifest.json.*python -m hybrid_jax.prepare"),
+    ({"model.vocab_size": 256}, r"model.vocab_size=256 is smaller than the 300 ids .* --config.model.vocab_size=300"),
+    ({"data.tokenizer": "{tmp}/missing.model"}, r"data.tokenizer: tokenizer file .*missing.model' not found"),
+    ({"data.tokenizer": "{other}"}, r"data.tokenizer=.*other/tokenizer.json is not the tokenizer .* prepared with"),
+    ({"model.remat": "all"}, r"model.remat='all' must be one of none, mixer, full"),
+    ({"model.kernel_impl": "triton"}, r"model.kernel_impl='triton' must be one of auto, xla, pallas"),
+    ({"train.seq_len": 4096}, r"holds [\d,]+ tokens: \d+ windows of train.seq_len \+ 1 = 4097, fewer than one batch"),
+    ({"data.validation_path": "{tmp}/val.txt"}, r"data.validation_path=.*val.txt not found"),
+    ({"data.validation_path": "{short}"}, r"short.jsonl holds \d+ tokens, fewer than one window"),
+    ({"model.tuning": "{tmp}/tuning.json"}, r"model.tuning: tuning file .*tuning.json: no such file"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[next(iter(o)) for o, _ in BAD])
+def test_bad_inputs_are_one_line_before_any_workdir(prepared, tmp_path, overrides, message):
+    paths = {k: str(v) for k, v in prepared.items()}
+    overrides = {k: v.format(**paths) if isinstance(v, str) else v for k, v in overrides.items()}
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:
+        train(_tokens_config(prepared, workdir, **overrides), log=lambda *_: None)
+    text = str(e.value)
+    assert "\n" not in text and e.value.__cause__ is None, text
+    assert __import__("re").search(message, text), text
+    assert not workdir.exists()
+
+
+def test_tokenizer_from_the_manifest_and_validation_loss(prepared, tmp_path):
+    config = _tokens_config(prepared, tmp_path, **{"train.steps": 6, "train.eval_every": 3, "train.eval_batches": 2,
+                                                   "data.validation_path": str(prepared["val"])})
+    assert config.data.tokenizer == ""
+    notes = []
+    train(config, log=notes.append)
+    recorded = str(prepared["tokenizer"].resolve())
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["data"]["tokenizer"] == recorded  # the run knows its tokenizer: generate / eval / export find it
+    assert any("(from its manifest)" in str(n) for n in notes)
+    assert "validation: 2 batches x 16 windows x 32 tokens" in "\n".join(map(str, notes))
+
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    val = {r["step"]: r for r in rows if "val_loss" in r}
+    assert sorted(val) == [3, 6]
+    assert val[6]["val_loss"] < val[3]["val_loss"] < math.log(320) + 0.1
+    assert val[6]["val_ppl"] == pytest.approx(math.exp(val[6]["val_loss"]), rel=1e-9)
+
+    model, loaded = hybrid_jax.load(tmp_path)  # the same windows scored from the checkpoint: the same number
+    windows = validation_windows(loaded, 2 * 2 * jax.device_count())
+    loss = nnx.jit(lambda m, t: cross_entropy(m.features(t[:, :-1]), jnp.asarray(m.embedding), t[:, 1:], chunk_size=96))
+    expected = float(loss(model, jnp.asarray(windows)))
+    np.testing.assert_allclose(val[6]["val_loss"], expected, rtol=1e-5)
+
+    old = _tokens_config(prepared, tmp_path)  # a run saved before the trainer recorded it: found at read time
+    assert run_tokenizer_path(old) == recorded
+    gone = _tokens_config(prepared, tmp_path, **{"data.path": str(tmp_path / "gone")})
+    with pytest.raises(NoTokenizer, match="manifest is gone"):
+        run_tokenizer_path(gone)
