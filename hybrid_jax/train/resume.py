@@ -60,12 +60,12 @@ def resume(ckpt: Checkpointer, config: ConfigDict, abstract_state: dict, data_it
         step = None
     found = ckpt.resume(abstract_state, data_iter, step=step, log=log)
     if step is not None:
-        why = f"newer than train.restore_step={step}"
-        moved = ckpt.set_aside_after(step, why, log)
+        moved = ckpt.set_aside_after(step, f"newer than train.restore_step={step}", log)
+    if found is not None and jax.process_index() == 0:  # configs of steps no kept checkpoint was trained with
+        for path in config_history.set_aside_after(workdir, found[1], workdir / integrity.QUARANTINE):
+            log(f"{path.name} set aside (after the checkpoint resumed from, step {found[1]}): moved to {path}")
+    if step is not None:
         if jax.process_index() == 0:
-            quarantine = workdir / integrity.QUARANTINE
-            for path in config_history.set_aside_after(workdir, step, quarantine):
-                log(f"{path.name} set aside ({why}): moved to {path}")
             record = dict(restore_step=step, set_aside=moved, time=time.strftime("%Y-%m-%d %H:%M:%S"))
             (workdir / RESTORED).write_text(json.dumps(record) + "\n")
     if found is not None:
