@@ -11,6 +11,11 @@ with ``delta = rowsum(o * do)`` computed before them in XLA (one fused reduction
 blocks above the diagonal and mask only the diagonal blocks; ``T`` need not be a multiple of a block (rows
 past ``T`` are masked on load and store), and head dims are padded to a power of two by masked loads.
 
+Packed documents (``segment_ids [B,T]``, nondecreasing): XLA turns them into each token's document ``start`` and
+``end`` (first and last position, ``[B,Tp]`` int32); a query sees a key only if both have one ``start``, and a
+program visits only the blocks between its rows' documents' first and last positions, so the cost falls with
+the documents' length (every visited block is masked).
+
 ``impl="auto"`` (see :func:`auto_impl`): cuDNN through ``jax.nn.dot_product_attention`` on NVIDIA when it
 supports the shape (it is faster there, see benchmarks/RESULTS.md), this kernel on other GPUs (ROCm), the
 XLA reference on CPU.
@@ -42,17 +47,19 @@ class _Static:
     scale: float
     config: tuning.AttentionConfig
     interpret: bool
+    documents: bool = False  # start / end refs follow q, k, v (packed documents)
 
 
 def flash_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, scale: float | None = None,
-    config: tuning.AttentionConfig | None = None, interpret: bool = False,
+    config: tuning.AttentionConfig | None = None, interpret: bool = False, segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Pallas flash attention. ``q, k: [B,T,H,Dqk]``, ``v: [B,T,H,Dv]`` (one dtype) -> ``[B,T,H,Dv]``.
 
     ``scale`` defaults to ``Dqk**-0.5``; ``config`` to the table entry of the current GPU
     (:func:`tuning.attention_config`, tiles for bf16: float32 inputs get half-width key tiles);
-    ``interpret=True`` runs the same kernels on CPU.
+    ``interpret=True`` runs the same kernels on CPU. ``segment_ids [B,T]`` int: packed documents, a query sees
+    only its own document.
     """
     if q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"attention: need q, k [B,T,H,Dqk] and v [B,T,H,Dv], got {q.shape}, {k.shape}, {v.shape}")
@@ -63,7 +70,24 @@ def flash_attention(
         config = tuning.attention_config(head_dim=_pow2(max(q.shape[-1], v.shape[-1])))
         if q.dtype.itemsize >= 4:  # float32 tiles take twice the shared memory
             config = _halve_block_k(config)
-    return _flash(q, k, v, _Static(causal, scale, config, interpret))
+    if segment_ids is None:
+        return _flash(q, k, v, None, _Static(causal, scale, config, interpret))
+    static = _Static(causal, scale, config, interpret, documents=True)
+    return _flash(q, k, v, document_bounds(segment_ids, _padded_len(static, q.shape[1])), static)
+
+
+def document_bounds(segment_ids: jax.Array, padded_len: int) -> tuple[jax.Array, jax.Array]:
+    """XLA: each token's document's first and last position, ``([B,Tp], [B,Tp])`` int32 (``segment_ids [B,T]``
+    nondecreasing; the padding repeats the last token's)."""
+    B, T = segment_ids.shape
+    seg = segment_ids.astype(jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    new = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    last = jnp.concatenate([seg[:, 1:] != seg[:, :-1], jnp.ones((B, 1), bool)], axis=1)
+    start = lax.cummax(jnp.where(new, pos, 0), axis=1)
+    end = lax.cummin(jnp.where(last, pos, T - 1), axis=1, reverse=True)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, padded_len - T)), mode="edge")  # noqa: E731
+    return pad(start), pad(end)
 
 
 def _halve_block_k(config: tuning.AttentionConfig) -> tuning.AttentionConfig:
@@ -132,16 +156,19 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _scores(a: jax.Array, b: jax.Array, q_pos: jax.Array, k_pos: jax.Array, *, scale: float, masked: bool,
-            causal: bool, seq_len: int) -> jax.Array:
+            causal: bool, seq_len: int, same_doc: jax.Array | None = None) -> jax.Array:
     """``a b^T * scale * log2(e)`` in float32: ``S`` for ``(a, b) = (q, k)``, ``S^T`` for ``(k, q)``.
 
     ``q_pos``, ``k_pos``: query and key positions shaped to broadcast against the result (``[n,1]``, ``[1,m]``
-    or transposed). Masked blocks get the causal mask and, for a ragged tail, the key-range mask.
+    or transposed). Masked blocks get the causal mask and, for a ragged tail, the key-range mask; ``same_doc``
+    (the result's shape, bool): also the document mask.
     """
     s = _dot(a, b.T) * (scale * LOG2E)
     if not masked:
         return s
     keep = (q_pos >= k_pos) if causal else None
+    if same_doc is not None:
+        keep = same_doc if keep is None else keep & same_doc
     if seq_len % k_pos.size:
         keep = k_pos < seq_len if keep is None else keep & (k_pos < seq_len)
     return s if keep is None else jnp.where(keep, s, MASKED)
@@ -179,17 +206,30 @@ def _row_block(causal: bool):
 # ---------------------------------------------------------------------------------------------------- kernels
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, static: _Static, seq_len: int, dqk: int, dv: int,
-                bq: int, bk: int):
+def _document_blocks(start_ref, end_ref, first, rows: int, block: int, n_blocks, causal_last):
+    """The blocks (of ``block`` positions) that rows ``[first, first + rows)`` can see: from the one holding
+    their first document's start to the one holding their last document's end (or ``causal_last``), and the
+    rows' document starts ``[rows]``."""
+    start = start_ref[pl.ds(first, rows)]
+    lo = lax.div(jnp.min(start), block)
+    hi = causal_last if causal_last is not None else jnp.minimum(
+        lax.div(jnp.max(end_ref[pl.ds(first, rows)]), block) + 1, n_blocks)
+    return lo, hi, start
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, *refs, static: _Static, seq_len: int, dqk: int, dv: int, bq: int, bk: int):
+    *doc_refs, o_ref, lse_ref = refs  # doc_refs: start, end [Tp] int32 (packed documents)
     qi = _row_block(static.causal)
     q = _load_rows(q_ref, qi * bq, bq, seq_len, dqk)
     q_pos = _positions(qi * bq, bq, 0)
     score = functools.partial(_scores, scale=static.scale, causal=static.causal, seq_len=seq_len)
+    q_start = None
 
     def body(kj, carry, masked: bool):
         acc, m, l = carry
         k = _load_rows(k_ref, kj * bk, bk, seq_len, dqk)
-        s = score(q, k, q_pos, _positions(kj * bk, bk, 1), masked=masked)
+        same = None if q_start is None else q_start[:, None] == doc_refs[0][pl.ds(kj * bk, bk)][None, :]
+        s = score(q, k, q_pos, _positions(kj * bk, bk, 1), masked=masked, same_doc=same)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s - m_new[:, None])
@@ -200,25 +240,32 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, static: _Static, seq_len
     carry = (jnp.zeros((bq, v_ref.shape[-1]), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
              jnp.zeros((bq,), jnp.float32))
     n_full, n_all = _key_blocks(qi, bq, bk, seq_len, static.causal)
-    carry = lax.fori_loop(0, n_full, functools.partial(body, masked=False), carry)
+    if doc_refs:  # every visited block masked
+        n_full, n_all, q_start = _document_blocks(*doc_refs, qi * bq, bq, bk, pl.cdiv(seq_len, bk),
+                                                  n_all if static.causal else None)
+    else:
+        carry = lax.fori_loop(0, n_full, functools.partial(body, masked=False), carry)
     acc, m, l = lax.fori_loop(n_full, n_all, functools.partial(body, masked=True), carry)
     _store_rows(o_ref, qi * bq, acc / l[:, None], seq_len, dv)
     lse_ref[pl.ds(qi * bq, bq)] = m + jnp.log2(l)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, static: _Static,
-                 seq_len: int, dqk: int, dv: int, bq: int, bk: int):
+def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, static: _Static, seq_len: int, dqk: int,
+                 dv: int, bq: int, bk: int):
+    *doc_refs, dk_ref, dv_ref = refs  # doc_refs: start, end [Tp] int32 (packed documents)
     kj = pl.program_id(0)
     k = _load_rows(k_ref, kj * bk, bk, seq_len, dqk)
     v = _load_rows(v_ref, kj * bk, bk, seq_len, dv)
     k_pos = _positions(kj * bk, bk, 0)
     score = functools.partial(_scores, scale=static.scale, causal=static.causal, seq_len=seq_len)
+    k_start = None
 
     def body(qi, carry, masked: bool):  # transposed tiles: P^T, dP^T, dS^T are [bk, bq]
         dk_acc, dv_acc = carry
         q = _load_rows(q_ref, qi * bq, bq, seq_len, dqk)
         do = _load_rows(do_ref, qi * bq, bq, seq_len, dv)
-        s_t = score(k, q, _positions(qi * bq, bq, 1), k_pos, masked=masked)
+        same = None if k_start is None else k_start[:, None] == doc_refs[0][pl.ds(qi * bq, bq)][None, :]
+        s_t = score(k, q, _positions(qi * bq, bq, 1), k_pos, masked=masked, same_doc=same)
         p_t = jnp.exp2(s_t - _load_stat(lse_ref, qi * bq, bq, seq_len)[None, :])
         dv_acc += _dot(p_t.astype(do.dtype), do)
         ds_t = p_t * (_dot(v, do.T) - _load_stat(delta_ref, qi * bq, bq, seq_len)[None, :])
@@ -227,14 +274,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref
 
     carry = (jnp.zeros((bk, k_ref.shape[-1]), jnp.float32), jnp.zeros((bk, v_ref.shape[-1]), jnp.float32))
     first, n_masked, n_all = _query_blocks(kj, bq, bk, seq_len, static.causal)
+    if doc_refs:  # the query blocks up to the key block's last document's end, every one masked
+        lo, n_masked, k_start = _document_blocks(*doc_refs, kj * bk, bk, bq, n_all, None)
+        first = first if static.causal else lo
+        n_all = n_masked
     carry = lax.fori_loop(first, n_masked, functools.partial(body, masked=True), carry)
     dk_acc, dv_acc = lax.fori_loop(n_masked, n_all, functools.partial(body, masked=False), carry)
     _store_rows(dk_ref, kj * bk, dk_acc * static.scale, seq_len, dqk)
     _store_rows(dv_ref, kj * bk, dv_acc, seq_len, dv)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, static: _Static, seq_len: int,
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, static: _Static, seq_len: int,
                dqk: int, dv: int, bq: int, bk: int):
+    *doc_refs, dq_ref = refs  # doc_refs: start, end [Tp] int32 (packed documents)
     qi = _row_block(static.causal)
     q = _load_rows(q_ref, qi * bq, bq, seq_len, dqk)
     do = _load_rows(do_ref, qi * bq, bq, seq_len, dv)
@@ -242,16 +294,23 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, stati
     delta = _load_stat(delta_ref, qi * bq, bq, seq_len)[:, None]
     q_pos = _positions(qi * bq, bq, 0)
     score = functools.partial(_scores, scale=static.scale, causal=static.causal, seq_len=seq_len)
+    n_full, n_all = _key_blocks(qi, bq, bk, seq_len, static.causal)
+    q_start = None
+    if doc_refs:  # every visited block masked
+        n_full, n_all, q_start = _document_blocks(*doc_refs, qi * bq, bq, bk, pl.cdiv(seq_len, bk),
+                                                  n_all if static.causal else None)
 
     def body(kj, dq_acc, masked: bool):
         k = _load_rows(k_ref, kj * bk, bk, seq_len, dqk)
         v = _load_rows(v_ref, kj * bk, bk, seq_len, dv)
-        p = jnp.exp2(score(q, k, q_pos, _positions(kj * bk, bk, 1), masked=masked) - lse)
+        same = None if q_start is None else q_start[:, None] == doc_refs[0][pl.ds(kj * bk, bk)][None, :]
+        p = jnp.exp2(score(q, k, q_pos, _positions(kj * bk, bk, 1), masked=masked, same_doc=same) - lse)
         ds = p * (_dot(do, v.T) - delta)
         return dq_acc + _dot(ds.astype(k.dtype), k)
 
-    n_full, n_all = _key_blocks(qi, bq, bk, seq_len, static.causal)
-    dq_acc = lax.fori_loop(0, n_full, functools.partial(body, masked=False), jnp.zeros(q.shape, jnp.float32))
+    dq_acc = jnp.zeros(q.shape, jnp.float32)
+    if not doc_refs:
+        dq_acc = lax.fori_loop(0, n_full, functools.partial(body, masked=False), dq_acc)
     dq_acc = lax.fori_loop(n_full, n_all, functools.partial(body, masked=True), dq_acc)
     _store_rows(dq_ref, qi * bq, dq_acc * static.scale, seq_len, dqk)
 
@@ -269,6 +328,8 @@ def _call(kernel, kc: tuning.AttentionKernel, static: _Static, grid_rows: int, i
     Tp = _padded_len(static, T)
 
     def spec(shape):
+        if len(shape) == 2:  # [B, Tp] document bounds
+            return pl.BlockSpec((None, Tp), lambda i, b, h: (b, 0))
         if len(shape) == 3:  # [B, H, Tp] statistics
             return pl.BlockSpec((None, None, Tp), lambda i, b, h: (b, h, 0))
         return pl.BlockSpec((None, Tp, None, _pow2(shape[-1])), lambda i, b, h: (b, 0, h, 0))
@@ -285,23 +346,24 @@ def _call(kernel, kc: tuning.AttentionKernel, static: _Static, grid_rows: int, i
     )(*inputs)
 
 
-def _forward(q, k, v, static: _Static) -> tuple[jax.Array, jax.Array]:
+def _forward(q, k, v, docs, static: _Static) -> tuple[jax.Array, jax.Array]:
+    """``docs``: :func:`document_bounds` or None."""
     B, T, H, dqk = q.shape
     dv = v.shape[-1]
     bq, bk = _blocks(static.config.fwd, T)
     out_shape = [jax.ShapeDtypeStruct((B, T, H, dv), v.dtype),
                  jax.ShapeDtypeStruct((B, H, _padded_len(static, T)), jnp.float32)]
-    o, lse = _call(_fwd_kernel, static.config.fwd, static, pl.cdiv(T, bq), (q, k, v), out_shape,
+    o, lse = _call(_fwd_kernel, static.config.fwd, static, pl.cdiv(T, bq), (q, k, v, *(docs or ())), out_shape,
                    "flash_attention_fwd", dqk=dqk, dv=dv, bq=bq, bk=bk)
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, static: _Static) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _backward(q, k, v, docs, o, lse, do, static: _Static) -> tuple[jax.Array, jax.Array, jax.Array]:
     B, T, H, dqk = q.shape
     dv = v.shape[-1]
     delta = jnp.einsum("bthd,bthd->bht", o.astype(jnp.float32), do.astype(jnp.float32))
     delta = jnp.pad(delta, ((0, 0), (0, 0), (0, lse.shape[-1] - T)))
-    inputs = (q, k, v, do, lse, delta)
+    inputs = (q, k, v, do, lse, delta, *(docs or ()))
     bq, bk = _blocks(static.config.dkdv, T)
     dk, dv_ = _call(_dkdv_kernel, static.config.dkdv, static, pl.cdiv(T, bk), inputs,
                     [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
@@ -312,19 +374,19 @@ def _backward(q, k, v, o, lse, do, static: _Static) -> tuple[jax.Array, jax.Arra
     return dq, dk, dv_
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _flash(q, k, v, static: _Static) -> jax.Array:
-    return _forward(q, k, v, static)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, docs, static: _Static) -> jax.Array:
+    return _forward(q, k, v, docs, static)[0]
 
 
-def _flash_fwd(q, k, v, static: _Static):
-    o, lse = _forward(q, k, v, static)
-    return o, (q, k, v, o, lse)
+def _flash_fwd(q, k, v, docs, static: _Static):
+    o, lse = _forward(q, k, v, docs, static)
+    return o, (q, k, v, docs, o, lse)
 
 
 def _flash_bwd(static: _Static, residuals, do):
-    q, k, v, o, lse = residuals
-    return _backward(q, k, v, o, lse, do, static)
+    q, k, v, docs, o, lse = residuals
+    return (*_backward(q, k, v, docs, o, lse, do, static), None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -345,27 +407,32 @@ def cudnn_head_dim(q: jax.Array, v: jax.Array) -> int | None:
 
 
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
-                    scale: float | None = None) -> jax.Array:
+                    scale: float | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
     """cuDNN flash attention. Same shapes as :func:`flash_attention`; head dims zero-padded to one size.
 
     Zero columns added to q and k leave the scores unchanged; zero columns added to v are cut from the output.
+    ``segment_ids [B,T]``: packed documents, as a ``[B,1,T,T]`` mask (cuDNN applies it as a bias: it does not
+    skip the masked blocks).
     """
     d = cudnn_head_dim(q, v)
     if d is None:
         raise ValueError(f"cuDNN attention does not support q {q.shape} {q.dtype}, v {v.shape}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, d - x.shape[-1])))
-    o = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), scale=scale, is_causal=causal, implementation="cudnn")
+    mask = None if segment_ids is None else segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    o = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), mask=mask, scale=scale, is_causal=causal,
+                                     implementation="cudnn")
     return o[..., : v.shape[-1]]
 
 
-def auto_impl(q: jax.Array, v: jax.Array) -> str:
+def auto_impl(q: jax.Array, v: jax.Array, segment_ids: jax.Array | None = None) -> str:
     """``impl="auto"``: ``"cudnn"`` on NVIDIA where cuDNN runs the shape, ``"pallas"`` on other GPUs and
     shapes, ``"xla"`` on CPU. cuDNN beat this kernel at every benchmarked shape on the H200
-    (benchmarks/RESULTS.md, Attention), so it is preferred wherever it applies."""
+    (benchmarks/RESULTS.md, Attention), so it is preferred wherever it applies. With ``segment_ids`` (packed
+    documents) this kernel, which skips the blocks outside each document; cuDNN would take them as a dense mask."""
     dev = jax.devices()[0]
     if dev.platform == "cpu":
         return "xla"
-    if "nvidia" in dev.device_kind.lower() and cudnn_head_dim(q, v) is not None:
+    if segment_ids is None and "nvidia" in dev.device_kind.lower() and cudnn_head_dim(q, v) is not None:
         return "cudnn"
     return "pallas"

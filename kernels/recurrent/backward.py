@@ -85,8 +85,9 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         do = do_ref[rows, :]
         docs = segs.load(rel_ref, lambda r: [r[rows]])
         if p_ref is None:
-            visible = (i <= j) if docs is None else (i <= j) & docs.same(0, 0)
-            p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], visible) * scale).astype(cd)
+            p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None],
+                                                  (i <= j) if docs is None else (i <= j) & docs.same(0, 0))
+                   * scale).astype(cd)
         else:
             p_t = p_ref[rows, :].T
         k_end = (k.astype(F32) * segs.in_last(bm.per_column(jnp.exp(gamma_last - gamma)), docs)).astype(cd)

@@ -42,7 +42,7 @@ def _sds(*shape, dtype=jnp.bfloat16):
 def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = False, split: bool = False,
                      chunk: int | None = None, fused: bool = False, hdh: bool = False,
                      output_in_state: bool | None = None, gate_sums: bool | None = None,
-                     per_program: int | None = None) -> Case:
+                     per_program: int | None = None, segments: bool = False) -> Case:
     """GDN (delta), KDA (delta, ``per_key`` gate [B,T,HV,K]) or GLA at a 300M-like shape: 2 q/k heads, 4 value
     heads, K=V=64, T ragged (200). ``split`` / ``fused``: the gradient pass as two launches / one (else the table's
     rule); ``chunk``: instead of the table's (KDA at 64: four 16-row blocks per chunk); ``hdh``: the reverse state
@@ -50,14 +50,14 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
     output (``P`` from ``wy``, no output launch); ``gate_sums``: the kernels sum the raw gate
     (``gate_cumsum_in_kernels``); these two, None: as the table has them (the sm90 KDA table sets both);
     ``per_program``: the chunk-parallel launches loop over this many chunks per program (``chunks_per_program``, at
-    T = 256 so that it divides the chunk count)."""
+    T = 256 so that it divides the chunk count); ``segments``: with packed documents (``segment_ids [B,T]``)."""
     B, T, H, HV, K, V = 1, 200 if per_program is None else 256, 2, 4, 64, 64
     g_shape = (B, T, HV, K) if per_key else (B, T, HV)
     args = (_sds(B, T, H, K), _sds(B, T, H, K), _sds(B, T, HV, V), _sds(*g_shape, dtype=jnp.float32),
-            _sds(B, T, HV), _sds(B, HV, K, V, dtype=jnp.float32))
+            _sds(B, T, HV), _sds(B, HV, K, V, dtype=jnp.float32)) + ((_sds(B, T, dtype=jnp.int32),) if segments else ())
 
     def make(arch: str) -> Callable:
-        def f(q, k, v, g, beta, h0):
+        def f(q, k, v, g, beta, h0, seg=None):
             config = recurrent_config(arch, per_key=per_key)
             config = dataclasses.replace(config, split_grad_from=0) if split else config
             config = dataclasses.replace(config, split_grad_from=None) if fused else config
@@ -67,13 +67,13 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
             config = config if per_program is None else dataclasses.replace(
                 config, chunks_per_program=per_program, chunks_per_program_from=0)
             return chunk_recurrence(q, k, v, g, beta if delta else None, initial_state=h0, use_qk_l2norm=True,
-                                    config=config, chunk_size=chunk)
+                                    config=config, chunk_size=chunk, segment_ids=seg)
 
         if not backward:
             return f
 
         def fwd_bwd(*xs):
-            out, vjp = jax.vjp(f, *xs)
+            out, vjp = jax.vjp(lambda *floats: f(*floats, *xs[6:]), *xs[:6])
             return vjp(out)
 
         return fwd_bwd
@@ -83,15 +83,19 @@ def _recurrence_case(name: str, delta: bool, backward: bool, per_key: bool = Fal
     return Case(name, make, args, kernels)
 
 
-def _attention_case(T: int, dqk: int, dv: int) -> Case:
-    """Flash attention forward + backward (fwd, dK/dV, dQ kernels) with the architecture's tiles."""
+def _attention_case(T: int, dqk: int, dv: int, segments: bool = False) -> Case:
+    """Flash attention forward + backward (fwd, dK/dV, dQ kernels) with the architecture's tiles; ``segments``:
+    with packed documents."""
 
     def make(arch: str) -> Callable:
         config = attention_config(arch, max(dqk, dv))
-        loss = lambda q, k, v: flash_attention(q, k, v, config=config).astype(jnp.float32).sum()
+        loss = lambda q, k, v, seg=None: flash_attention(q, k, v, config=config, segment_ids=seg).astype(  # noqa
+            jnp.float32).sum()
         return jax.grad(loss, argnums=(0, 1, 2))
 
-    return Case(f"attention_T{T}_qk{dqk}_v{dv}", make, (_sds(2, T, 4, dqk), _sds(2, T, 4, dqk), _sds(2, T, 4, dv)), 3)
+    args = (_sds(2, T, 4, dqk), _sds(2, T, 4, dqk), _sds(2, T, 4, dv)) + ((_sds(2, T, dtype=jnp.int32),) if segments
+                                                                          else ())
+    return Case(f"attention_T{T}_qk{dqk}_v{dv}" + ("_segments" if segments else ""), make, args, 3)
 
 
 CASES = [
@@ -118,6 +122,13 @@ CASES = [
     _recurrence_case("gdn_fwd_bwd_chunks_per_program", delta=True, backward=True, per_program=4),
     _recurrence_case("kda_fwd_bwd_split_grad_chunks_per_program", delta=True, backward=True, per_key=True, split=True,
                      per_program=4),
+    _recurrence_case("gdn_fwd_bwd_segments", delta=True, backward=True, segments=True),
+    _recurrence_case("gla_fwd_bwd_segments", delta=False, backward=True, segments=True),
+    _recurrence_case("kda_fwd_bwd_split_grad_segments", delta=True, backward=True, per_key=True, split=True,
+                     segments=True),
+    _recurrence_case("gdn_fwd_bwd_output_in_state_hdh_segments", delta=True, backward=True, output_in_state=True,
+                     hdh=True, segments=True),
+    _attention_case(300, 48, 32, segments=True),
     _attention_case(2048, 64, 64),
     _attention_case(2048, 128, 128),
     _attention_case(300, 48, 32),
