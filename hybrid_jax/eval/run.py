@@ -55,9 +55,15 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
     if hf_dir:
         import torch
 
+        from hybrid_jax.export.hf import NO_POSITION_LIMIT
+
         model = "hf"
+        # the exported model computes every position on the fly (recurrent state, RoPE/YaRN angles), so lm-eval's
+        # max_length (else read from max_position_embeddings, the training seq_len in older exports) must never make
+        # it refuse a long continuation: lm-eval asserts on a continuation longer than max_length
         model_args = dict(pretrained=str(hf_dir), trust_remote_code=True, dtype="float32",
-                          device="cuda" if torch.cuda.is_available() else "cpu")
+                          device="cuda" if torch.cuda.is_available() else "cpu",
+                          max_length=max(_export_positions(hf_dir), NO_POSITION_LIMIT))
     else:
         model, step = _jax_lm(workdir, step, batch_size)
         model_args = None
@@ -76,15 +82,24 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
     return record
 
 
+def _export_positions(hf_dir: str | Path) -> int:
+    """``max_position_embeddings`` of an export's ``config.json`` (0 when it has none)."""
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{hf_dir} has no config.json: not an export (python -m hybrid_jax.export --out DIR)")
+    return int(json.loads(path.read_text()).get("max_position_embeddings") or 0)
+
+
 def _jax_lm(workdir: str | Path, step: int | None, batch_size: int):
     from hybrid_jax.checkpoints import latest_step, load
-    from hybrid_jax.data.tokenizer import check_vocab, load_tokenizer
+    from hybrid_jax.data.run_tokenizer import MOCK_NOTE, run_tokenizer
+    from hybrid_jax.data.tokenizer import check_vocab
     from hybrid_jax.eval.lm import HybridJaxLM
 
     step = latest_step(workdir) if step is None else step
     model, config = load(workdir, step)
-    if not config.data.tokenizer:
-        raise ValueError(f"the run in {workdir} has no tokenizer (data.tokenizer is empty): nothing to score text with")
-    tokenizer = load_tokenizer(config.data.tokenizer)
+    tokenizer = run_tokenizer(config)
+    if tokenizer is None:
+        raise ValueError(f"{MOCK_NOTE} ({workdir}): there is no text to score it on")
     check_vocab(config.model.vocab_size, tokenizer.vocab_size)
     return HybridJaxLM(model, tokenizer, batch_size=batch_size, max_length=config.train.seq_len), step

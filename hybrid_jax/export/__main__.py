@@ -14,7 +14,9 @@ import argparse
 import sys
 
 from hybrid_jax.config import load_config_file
+from hybrid_jax.data.run_tokenizer import NoTokenizer
 from hybrid_jax.export.tensors import ExportError
+from hybrid_jax.quiet import quiet_absl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +49,7 @@ def _overrides(model_cfg) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    quiet_absl()
     try:
         if args.from_fla:
             from hybrid_jax.export.import_fla import import_fla
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
 
         out = export(args.workdir, args.out, step=args.step, fmt=args.format, dtype=args.dtype)
         print(f"exported {args.workdir} ({args.format}, {args.dtype}) to {out}")
-    except (ExportError, FileNotFoundError, FileExistsError) as e:
+    except (ExportError, FileNotFoundError, FileExistsError, NoTokenizer) as e:
         sys.exit(f"error: {e}")
 
 

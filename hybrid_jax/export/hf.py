@@ -44,6 +44,22 @@ def to_hf(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+NO_POSITION_LIMIT = 1 << 20  # max_position_embeddings of a model whose layers compute any position
+
+
+def position_limit(model_cfg: ConfigDict) -> int:
+    """The longest sequence the exported model is built for, written as ``max_position_embeddings``.
+
+    The recurrent mixers have no limit, and the modeling file computes RoPE angles for any position, so a model
+    without MLA layers or with plain RoPE gets :data:`NO_POSITION_LIMIT`; with YaRN (``mla.rope_scaling_factor`` >
+    1) it is the context YaRN extends to, ``original_max_position_embeddings x rope_scaling_factor``.
+    """
+    mla = model_cfg.mla
+    if "mla" not in sublayer_kinds(model_cfg) or mla.rope_scaling_factor <= 1.0:
+        return NO_POSITION_LIMIT
+    return int(mla.original_max_position_embeddings * mla.rope_scaling_factor)
+
+
 def hf_config(config: ConfigDict, *, torch_dtype: str, bos_id: int | None, eos_id: int | None) -> dict:
     """``config.json`` of the export: the ``HybridJaxConfig`` fields, ``auto_map`` and the source run's config."""
     m = config.model
@@ -52,7 +68,7 @@ def hf_config(config: ConfigDict, *, torch_dtype: str, bos_id: int | None, eos_i
         vocab_size=m.vocab_size, hidden_size=m.hidden_size, layer_kinds=sublayer_kinds(m), ffn_size=m.ffn_size,
         norm_eps=m.norm_eps, gdn=m.gdn.to_dict(), kda=m.kda.to_dict(), mamba2=m.mamba2.to_dict(), mla=m.mla.to_dict(),
         tie_word_embeddings=True, torch_dtype=torch_dtype, bos_token_id=bos_id, eos_token_id=eos_id,
-        max_position_embeddings=config.train.seq_len, use_cache=False,
+        max_position_embeddings=position_limit(m), use_cache=False,
     )
 
 

@@ -35,7 +35,7 @@ def export_model(model: nnx.Module, config: ConfigDict, out: str | Path, *, fmt:
     tokenizer = _tokenizer(config)
     bos, eos = (tokenizer.bos_id, tokenizer.eos_id) if tokenizer else (None, None)
     if fmt == "fla":
-        cfg = fla.fla_config(config.model, max_position_embeddings=config.train.seq_len)
+        cfg = fla.fla_config(config.model, max_position_embeddings=hf.position_limit(config.model))
         cfg.update(torch_dtype=torch_dtype, bos_token_id=bos, eos_token_id=eos)
         tensors = fla.to_fla(params, config.model)
         check_tensors(tensors, fla.fla_shapes(cfg), "FLA export")
@@ -73,11 +73,16 @@ def read_metrics(workdir: Path) -> list[dict]:
 
 
 def _tokenizer(config: ConfigDict):
-    if not config.data.tokenizer:
-        return None
+    """The run's tokenizer (``data.tokenizer`` or its data's manifest's; None for mock data), recorded in
+    ``config.data.tokenizer`` so that the export's files and model card name it."""
+    from hybrid_jax.data.run_tokenizer import run_tokenizer_path
     from hybrid_jax.data.tokenizer import load_tokenizer
 
-    return load_tokenizer(config.data.tokenizer)
+    path = run_tokenizer_path(config)
+    if path is None:
+        return None
+    config.data.tokenizer = path
+    return load_tokenizer(path)
 
 
 def write_tokenizer(path: str, out: Path) -> None:
@@ -117,8 +122,11 @@ def model_card(config: ConfigDict, *, fmt: str, dtype: str, step: int | None, me
     m, t, d = config.model, config.train, config.data
     losses = [r for r in metrics if r.get("loss") is not None]
     final = f"{losses[-1]['loss']:.4f} (step {losses[-1]['step']})" if losses else "not recorded (no metrics.jsonl)"
-    load = ("from transformers import AutoModelForCausalLM\n"
-            "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)" if fmt == "hf" else
+    load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)"
+            + ("\ntokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # else transformers asks"
+               if d.tokenizer else "")
+            if fmt == "hf" else
             "import fla  # registers FLA's model types\nfrom transformers import AutoModelForCausalLM\n"
             "model = AutoModelForCausalLM.from_pretrained(DIR)")
     data = f"{d.source}" + (f" from `{d.path}`" if d.path else "") + (f", tokenizer `{d.tokenizer}`" if d.tokenizer
@@ -135,6 +143,8 @@ def model_card(config: ConfigDict, *, fmt: str, dtype: str, step: int | None, me
         f"- Steps: {step if step is not None else 'unknown'} of {t.steps} (global batch {t.global_batch_size} x "
         f"{t.seq_len} tokens)",
         f"- Final training loss: {final}",
+        *([f"- Final validation loss: {vals[-1]['val_loss']:.4f} (step {vals[-1]['step']}, `{d.validation_path}`)"]
+          if (vals := [r for r in metrics if r.get("val_loss") is not None]) else []),
         "",
         "## Load",
         "```python",

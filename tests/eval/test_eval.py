@@ -78,7 +78,8 @@ def test_loglikelihoods_match_hf(run_dir, shared_data):
     requests = [Instance("loglikelihood", {}, (f"Question: {r['question']}\nAnswer:", f" {text}"), i)
                 for r in rows for i, text in enumerate(r["choices"]["text"])]
     ours, _ = _jax_lm(run_dir, None, batch_size=4)
-    theirs = HFLM(pretrained=str(export_dir), trust_remote_code=True, dtype="float32", device="cpu", batch_size=4)
+    theirs = HFLM(pretrained=str(export_dir), trust_remote_code=True, dtype="float32", device="cpu", batch_size=4,
+                  max_length=128)  # the JAX LM's window (train.seq_len); the export itself has no position limit
     a, b = ours.loglikelihood(requests), theirs.loglikelihood(requests)
     np.testing.assert_allclose([x for x, _ in a], [x for x, _ in b], rtol=1e-5, atol=1e-4)
     assert [g for _, g in a] == [g for _, g in b]
@@ -91,3 +92,11 @@ def test_loglikelihoods_match_hf(run_dir, shared_data):
     generate = [Instance("generate_until", {}, (f"Question: {rows[0]['question']}\nAnswer:",
                                                 {"until": ["\n\n"], "max_gen_toks": 4, "do_sample": False}), 0)]
     assert ours.generate_until(generate) == theirs.generate_until(generate)
+
+    # what `eval --hf` gets: max_length from the export (MLA with plain RoPE and GDN: no limit), so a continuation
+    # longer than the training seq_len (here ~300 tokens > 128) is scored instead of failing lm-eval's assertion
+    assert json.loads((export_dir / "config.json").read_text())["max_position_embeddings"] == 2**20
+    default = HFLM(pretrained=str(export_dir), trust_remote_code=True, dtype="float32", device="cpu", batch_size=1)
+    long = Instance("loglikelihood", {}, ("Question: why?\nAnswer:", " " + texts[-1]), 0)
+    (score, _), = default.loglikelihood([long])
+    assert np.isfinite(score) and score < -100

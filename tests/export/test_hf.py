@@ -65,3 +65,13 @@ def test_hf_bf16_export(tmp_path):
         theirs = hf(torch.from_numpy(x).long()).logits.numpy()
     ours = logits(model, x)
     assert 1e-4 < np.linalg.norm(theirs - ours) / np.linalg.norm(ours) < 3e-2  # bf16 weight rounding, nothing more
+
+
+def test_max_position_embeddings_is_what_the_model_can_run():
+    """Recurrent mixers and plain RoPE compute any position (no limit); YaRN's limit is its extended context."""
+    from hybrid_jax.export.hf import NO_POSITION_LIMIT, position_limit
+    from tests.export.conftest import tiny_config
+
+    assert position_limit(tiny_config("gdn").model) == NO_POSITION_LIMIT == 2**20  # no attention
+    assert position_limit(tiny_config("mamba2_mla").model) == NO_POSITION_LIMIT  # MLA, plain RoPE
+    assert position_limit(tiny_config("gdn_mla").model) == 16 * 4  # YaRN: original 16 x factor 4
