@@ -43,6 +43,7 @@ def base_config() -> ConfigDict:
             chunk_size=0,  # recurrent-kernel chunk (power of two >= 16); 0: tuned per GPU and mixer (kernels.tuning)
             tuning="auto",  # launch configs: auto (this GPU's file from python -m hybrid_jax.tune) | builtin | a path
             remat="none",  # none | mixer | full
+            reset_positions=False,  # with data.document_mask: RoPE positions restart at each document
             gdn=ConfigDict(
                 dict(num_key_heads=4, num_value_heads=8, key_head_dim=64, value_head_dim=64, conv_size=4)
             ),
@@ -92,9 +93,9 @@ def base_config() -> ConfigDict:
             workdir="",
             log_every=10,
             save_every=1000,
-            keep_checkpoints=3,
-            restore_step=0,
-            allow_config_change=False,
+            keep_checkpoints=3,  # the newest N, plus the newest healthy one (no skipped step in a row)
+            restore_step=0,  # resume from this checkpoint step, not the newest (0: the newest); newer ones set aside
+            allow_config_change=False,  # resume even if the config changes what the model computes (rope_theta, dims)
             eval_every=1000,  # validation loss every N steps and at the end (needs data.validation_path); 0: off
             eval_batches=8,  # validation batches of micro_batch_size x data shards windows, the same at every eval
         )
@@ -106,6 +107,7 @@ def base_config() -> ConfigDict:
             tokenizer="",  # empty with source=tokens: the tokenizer recorded in data.path's manifest
             validation_path="",  # held-out data: a prepared dataset, a .jsonl/.parquet of documents, or "mock"
             num_workers=0,
+            document_mask=False,  # packed documents kept apart (segment ids per token); False: the FLA/Primus recipe
         )
     )
     c.mesh = ConfigDict(dict(data=-1, fsdp=1))  # -1: all remaining devices

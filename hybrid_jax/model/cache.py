@@ -46,9 +46,9 @@ class RecurrentMixer(nnx.Module):
     instruments only methods defined on the class itself, and the notebook captures every block's ``__call__``.
     """
 
-    def plain_conv(self, u: jax.Array) -> tuple[jax.Array, None]:
-        """The training-time short conv (zero history, no tail kept)."""
-        return self.conv1d(u), None
+    def plain_conv(self, u: jax.Array, segment_ids: jax.Array | None = None) -> tuple[jax.Array, None]:
+        """The training-time short conv (zero history, no tail kept; ``segment_ids``: packed documents)."""
+        return self.conv1d(u, segment_ids), None
 
     def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
         """Zero state ``[B, *state_shape]`` float32 and conv tail ``[B, conv_size - 1, C]``; ``max_len`` unused."""

@@ -15,6 +15,8 @@ Sown intermediates: ``g [B,T,Hv,dk]``, ``beta [B,T,Hv]`` (float32), ``final_stat
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -60,10 +62,13 @@ class KimiDeltaAttention(RecurrentMixer):
         self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size or None
         self.state_shape = (self.hv, self.dk, self.dv)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self._mix(x, self.plain_conv)[0]
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """``segment_ids [B,T]``: packed documents (the state and the short conv restart at each)."""
+        return self._mix(x, functools.partial(self.plain_conv, segment_ids=segment_ids),
+                         segment_ids=segment_ids)[0]
 
-    def _mix(self, x: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
+    def _mix(self, x: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None,
+             segment_ids: jax.Array | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(u) -> (conv output, tail)``; pads (``~valid``) masked."""
         B, T, _ = x.shape
         qk, vd = self.hk * self.dk, self.hv * self.dv
@@ -78,7 +83,7 @@ class KimiDeltaAttention(RecurrentMixer):
             k, g, beta = zero_padding(valid, k, g, beta)
         o, state = kernels.chunk_kda(q, k, v, g, beta, initial_state=state, output_final_state=True,
                                      use_qk_l2norm=True, chunk_size=self.chunk_size,
-                                     impl=recurrent_impl(self.kernel_impl, T))
+                                     impl=recurrent_impl(self.kernel_impl, T), segment_ids=segment_ids)
         sow(self, "g", g)
         sow(self, "beta", beta)
         sow(self, "final_state", state)

@@ -114,7 +114,9 @@ class ShortConv(nnx.Module):
     """Depthwise causal conv over time, then SiLU: ``y[t, c] = silu(b[c] + sum_j w[j, c] x[t - K + 1 + j, c])``.
 
     ``kernel: [K, C]`` (PyTorch ``conv1d.weight [C, 1, K]`` is ``kernel.T[:, None, :]``); optional ``bias: [C]``.
-    PyTorch's default Conv1d init (``U(+-1/sqrt(K))``) for both. ``x: [B, T, C] -> [B, T, C]``.
+    PyTorch's default Conv1d init (``U(+-1/sqrt(K))``) for both. ``x: [B, T, C] -> [B, T, C]``. With packed
+    documents (``segment_ids [B, T]``) a tap from another document counts as zero, as the causal padding does at
+    a sequence's start.
     """
 
     def __init__(self, channels: int, kernel_size: int, *, use_bias: bool, dtype: jnp.dtype,
@@ -124,16 +126,25 @@ class ShortConv(nnx.Module):
         self.bias = nnx.Param(init(rngs.params(), (channels,), param_dtype)) if use_bias else None
         self.dtype = dtype
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """Sums and SiLU in float32; the result in the compute dtype."""
         K = self.kernel.shape[0]
-        return self._conv(jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0))))
+        same_doc = None
+        if segment_ids is not None:  # tap j of output t reads input t - K + 1 + j: keep it in t's document
+            seg = jnp.pad(segment_ids, ((0, 0), (K - 1, 0)), constant_values=-1)
+            T = x.shape[1]
+            same_doc = [(seg[:, j : j + T] == segment_ids)[..., None] for j in range(K)]
+        return self._conv(jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0))), same_doc)
 
-    def _conv(self, xp: jax.Array) -> jax.Array:
-        """The conv of ``xp: [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs)."""
+    def _conv(self, xp: jax.Array, same_doc: list[jax.Array] | None = None) -> jax.Array:
+        """The conv of ``xp: [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs);
+        ``same_doc``: per tap ``[B, T, 1]``, whether it reads the output's document (else it counts as 0)."""
         K, T = self.kernel.shape[0], xp.shape[1] - self.kernel.shape[0] + 1
         w = self.kernel[...].astype(jnp.float32)
-        y = sum(xp[:, j : j + T] * w[j] for j in range(K))
+        taps = [xp[:, j : j + T] for j in range(K)]
+        if same_doc is not None:
+            taps = [jnp.where(keep, tap, 0.0) for tap, keep in zip(taps, same_doc, strict=True)]
+        y = sum(tap * w[j] for j, tap in enumerate(taps))
         if self.bias is not None:
             y = y + self.bias[...].astype(jnp.float32)
         return jax.nn.silu(y).astype(self.dtype)

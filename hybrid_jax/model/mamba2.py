@@ -15,6 +15,8 @@ ones ``mixer_norm`` for it). Sown intermediates: ``dt [B,T,nh]`` (float32), ``fi
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -50,10 +52,13 @@ class Mamba2(RecurrentMixer):
         self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size or None, dtype
         self.state_shape = (self.nheads, self.state, self.head_dim)  # SSD: k = B (state_dim), v = dt*x
 
-    def __call__(self, u: jax.Array) -> jax.Array:
-        return self._mix(u, self.plain_conv)[0]
+    def __call__(self, u: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """``segment_ids [B,T]``: packed documents (the state and the short conv restart at each)."""
+        return self._mix(u, functools.partial(self.plain_conv, segment_ids=segment_ids),
+                         segment_ids=segment_ids)[0]
 
-    def _mix(self, u: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None):
+    def _mix(self, u: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None,
+             segment_ids: jax.Array | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(xbc) -> (conv output, tail)``; pads get ``dt = B = 0``."""
         Bsz, T, _ = u.shape
         z, xbc, dt = jnp.split(self.in_proj(u), [self.d_in, 2 * self.d_in + 2 * self.groups * self.state], axis=-1)
@@ -66,7 +71,8 @@ class Mamba2(RecurrentMixer):
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
         v = (dt[..., None] * x.astype(jnp.float32)).astype(self.dtype)
         y, state = kernels.chunk_simple_gla(c, b, v, dt * a, scale=1.0, initial_state=state, output_final_state=True,
-                                            chunk_size=self.chunk_size, impl=recurrent_impl(self.kernel_impl, T))
+                                            chunk_size=self.chunk_size, impl=recurrent_impl(self.kernel_impl, T),
+                                            segment_ids=segment_ids)
         sow(self, "dt", dt)
         sow(self, "final_state", state)
         y = y.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)

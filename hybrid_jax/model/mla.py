@@ -88,25 +88,30 @@ class MLA(nnx.Module):
         self.softmax_scale = yarn_mscale(m.rope_scaling_factor, m.mscale_all_dim) ** 2 / math.sqrt(
             self.nope + self.rope)
         self.kernel_impl = cfg.kernel_impl
+        self.reset_positions = bool(cfg.get("reset_positions", False))
         self.capture_attention = False
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """``segment_ids [B,T]``: packed documents, each attends only to itself (and, with
+        ``model.reset_positions``, its RoPE positions start at 0)."""
         B, T, _ = x.shape
         H, inv_freq = self.num_heads, np.asarray(self.inv_freq)
+        positions = document_positions(segment_ids) if segment_ids is not None and self.reset_positions else None
         q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x))).reshape(B, T, H, -1)
         q_nope, q_rope = q[..., : self.nope], q[..., self.nope :]
         latent_rope = self.linear_kv_down_proj(x)
         latent, k_rope = latent_rope[..., : self.kv_lora_rank], latent_rope[..., self.kv_lora_rank :]
         kv = self.linear_kv_up_proj(self.kv_layernorm(latent)).reshape(B, T, H, -1)
         k_nope, v = kv[..., : self.nope], kv[..., self.nope :]
-        q_rope = apply_rope(q_rope, inv_freq, self.rope_magnitude)
-        k_rope = jnp.broadcast_to(apply_rope(k_rope[:, :, None, :], inv_freq, self.rope_magnitude),
+        q_rope = apply_rope(q_rope, inv_freq, self.rope_magnitude, positions)
+        k_rope = jnp.broadcast_to(apply_rope(k_rope[:, :, None, :], inv_freq, self.rope_magnitude, positions),
                                   (B, T, H, self.rope))
         q = jnp.concatenate([q_nope, q_rope], axis=-1)
         k = jnp.concatenate([k_nope, k_rope], axis=-1)
-        o = kernels.attention(q, k, v, causal=True, scale=self.softmax_scale, impl=self.kernel_impl)
+        o = kernels.attention(q, k, v, causal=True, scale=self.softmax_scale, impl=self.kernel_impl,
+                              segment_ids=segment_ids)
         if self.capture_attention:
-            sow(self, "attention", causal_attention_map(q, k, self.softmax_scale))
+            sow(self, "attention", causal_attention_map(q, k, self.softmax_scale, segment_ids))
         return self.linear_proj(o.reshape(B, T, H * self.v_dim))
 
     def init_cache(self, batch: int, max_len: int) -> MLACache:
@@ -146,9 +151,21 @@ class MLA(nnx.Module):
         return self.linear_proj(o.reshape(B, T, H * self.v_dim).astype(x.dtype)), cache
 
 
-def causal_attention_map(q: jax.Array, k: jax.Array, scale: float) -> jax.Array:
-    """Softmax attention probabilities ``[B,H,T,T]`` (float32) of ``q, k: [B,T,H,d]``, causal."""
+def document_positions(segment_ids: jax.Array) -> jax.Array:
+    """``[B,T]`` int32: each token's position within its document (``segment_ids [B,T]`` nondecreasing)."""
+    B, T = segment_ids.shape
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    new = jnp.concatenate([jnp.ones((B, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    return pos - jax.lax.cummax(jnp.where(new, pos, 0), axis=1)
+
+
+def causal_attention_map(q: jax.Array, k: jax.Array, scale: float, segment_ids: jax.Array | None = None
+                         ) -> jax.Array:
+    """Softmax attention probabilities ``[B,H,T,T]`` (float32) of ``q, k: [B,T,H,d]``, causal (and within each
+    document of ``segment_ids [B,T]``)."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
     T = q.shape[1]
     s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -jnp.inf)
+    if segment_ids is not None:
+        s = jnp.where(segment_ids[:, None, :, None] == segment_ids[:, None, None, :], s, -jnp.inf)
     return jax.nn.softmax(s, axis=-1)

@@ -49,11 +49,14 @@ class Sublayer(nnx.Module):
     def block(self) -> nnx.Module:
         return getattr(self, BLOCK_NAMES[self.kind])
 
-    def residual(self, x: jax.Array) -> jax.Array:
-        return x + self.block(self.norm(x)).astype(x.dtype)
+    def residual(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        h = self.norm(x)
+        y = self.block(h) if self.kind == "mlp" or segment_ids is None else self.block(h, segment_ids=segment_ids)
+        return x + y.astype(x.dtype)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        out = nnx.remat(Sublayer.residual)(self, x) if self.remat else self.residual(x)
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """``segment_ids [B,T]``: packed documents (every mixer keeps each document to itself)."""
+        out = nnx.remat(Sublayer.residual)(self, x, segment_ids) if self.remat else self.residual(x, segment_ids)
         sow(self, "output", out)
         return out
 
@@ -111,16 +114,20 @@ class HybridLM(nnx.Module):
         """The tied embedding matrix ``[V, D]`` as stored (float32 master weights)."""
         return self.embed.embedding[...]
 
-    def features(self, tokens: jax.Array) -> jax.Array:
-        """``tokens int32 [B,T]`` -> hidden states after the final norm ``[B,T,D]`` (compute dtype)."""
+    def features(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """``tokens int32 [B,T]`` -> hidden states after the final norm ``[B,T,D]`` (compute dtype).
+
+        ``segment_ids [B,T]`` int (packed documents, nondecreasing; ``None``: one sequence per row): each document
+        is computed as if alone: recurrent states and short convs restart, attention stays inside it and, with
+        ``model.reset_positions``, RoPE positions restart."""
         h = self.embed(tokens)
         for layer in self.layers:
-            h = layer(h)
+            h = layer(h, segment_ids) if segment_ids is not None else layer(h)
         return self.final_norm(h)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """``tokens int32 [B,T]`` -> logits ``[B,T,V]`` float32 (``tied_logits(features, embedding)``)."""
-        return tied_logits(self.features(tokens), self.embedding)
+        return tied_logits(self.features(tokens, segment_ids), self.embedding)
 
     # ----------------------------------------------------------------------------------------- decoding
     def init_cache(self, batch: int, max_len: int) -> Cache:
