@@ -53,3 +53,23 @@ class MarkovSequences:
         moves[0] = rng.integers(self.vocab_size)  # the starting position
         moves[1:] = 1 + np.searchsorted(self._cum_probs, rng.random(self.length - 1), side="right")
         return self._cycle[np.cumsum(moves) % self.vocab_size]
+
+
+class MockDocuments:
+    """Segment ids for mock windows (``data.document_mask``): window ``index`` cut into documents of random lengths
+    (uniform in ``1 .. max_length``), a pure function of ``(seed, index)`` like the tokens.
+
+    Args:
+      length: tokens per window.
+      max_length: the longest document.
+      seed: the run's seed.
+    """
+
+    def __init__(self, length: int, max_length: int, seed: int):
+        self.length, self.max_length, self.seed = length, max(1, max_length), seed
+
+    def __call__(self, index: int) -> np.ndarray:
+        """``[length]`` int32 nondecreasing document index, starting at 0."""
+        rng = np.random.default_rng([self.seed, int(index), 0xD0C])
+        lengths = rng.integers(1, self.max_length + 1, size=self.length)  # more than enough documents
+        return np.repeat(np.arange(self.length, dtype=np.int32), lengths)[: self.length]

@@ -74,14 +74,15 @@ def _finite_norm(tree: Any) -> jax.Array:
 
 
 def split_micro_batches(batch: jax.Array, accum: int, shards: int) -> jax.Array:
-    """``[B, L]`` batch (split over ``shards`` devices on B) -> ``[accum, B // accum, L]`` micro-batches.
+    """``[B, L]`` batch (or ``[B, 2, L]``: tokens and segment ids, ``data.document_mask``; split over ``shards``
+    devices on B) -> ``[accum, B // accum, ...]`` micro-batches.
 
     Device ``d`` holds rows ``[d * B/shards, (d+1) * B/shards)``; micro-batch ``a`` takes the ``a``-th
     ``B/(shards*accum)`` rows of every device's block, so no data moves between devices.
     """
-    b, length = batch.shape
-    micro = batch.reshape(shards, accum, b // (shards * accum), length).transpose(1, 0, 2, 3)
-    return micro.reshape(accum, b // accum, length)
+    b, *rest = batch.shape
+    micro = batch.reshape(shards, accum, b // (shards * accum), *rest).swapaxes(0, 1)
+    return micro.reshape(accum, b // accum, *rest)
 
 
 def make_train_step(
@@ -105,7 +106,10 @@ def make_train_step(
 
     def loss_fn(params, tokens):
         model = nnx.merge(graphdef, params)
-        h = model.features(tokens[:, :-1])
+        segment_ids = None
+        if tokens.ndim == 3:  # data.document_mask: [B, 2, T+1] tokens and segment ids
+            tokens, segment_ids = tokens[:, 0], tokens[:, 1, :-1]
+        h = model.features(tokens[:, :-1], segment_ids)
         return cross_entropy(h, jnp.asarray(model.embedding), tokens[:, 1:], chunk_size=train_cfg.loss_chunk_size)
 
     def step(state: State, batch: jax.Array):
