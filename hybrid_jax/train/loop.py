@@ -95,10 +95,10 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
                     _check_skipped(*previous, t.max_skipped_in_a_row, logger)
                 previous = (step, metrics)
                 logged = step % t.log_every == 0 or step == last
-                if logged:
+                stopping = stop.should_stop(step, log_point=logged, manager=ckpt.manager)
+                if logged or stopping:  # the step a run stops at is logged too
                     values = {k: v.item() for k, v in jax.device_get(metrics).items() if k != "finite"}
                     record = logger.log(step, values)
-                stopping = stop.should_stop(step, log_point=logged, manager=ckpt.manager)
                 if ckpt.save(step, state, data_iter, force=step == last or stopping):
                     progress.saving(step, ckpt.manager.directory)
                 if evaluator is not None and (step % t.eval_every == 0 or step == last or stopping):
