@@ -40,6 +40,8 @@ PARTS = {  # name: (module, one line)
                       "shapes we time (no JAX in its process)"),
     "accuracy": ("benchmarks.accuracy", "bf16 error of our recurrent kernels and of FLA's on the same inputs, "
                  "against one float32 reference (two sides, two processes)"),
+    "documents": ("benchmarks.documents", "packed documents: recurrent kernels and attention fwd+bwd with a document "
+                  "boundary every N tokens against none"),
     "attention": ("benchmarks.attention", "causal attention: our Pallas flash kernel, cuDNN and impl='auto'"),
     "train": ("benchmarks.train_throughput", "training throughput of a config: tokens/s, MFU, peak memory "
               "(--profile: where the step's device time goes)"),

@@ -1,0 +1,89 @@
+"""Packed documents (``segment_ids``): the recurrent kernels and flash attention, fwd+bwd, with a document boundary
+every ``--every`` tokens against none, at the shapes of ``benchmarks/shapes.py``; prints the ratio per shape.
+
+    python -m benchmarks documents [--every 512] [--only gdn_300m kda_300m] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
+from benchmarks.timing import median_ms
+from hybrid_jax.kernels import api
+
+
+def _fwd_bwd(fn, *args):
+    """``fn(*args) -> (o, final)``, jitted forward plus the gradient of every float input."""
+    floats = tuple(i for i, x in enumerate(args) if x is not None and jnp.issubdtype(x.dtype, jnp.floating))
+
+    def loss(*xs):
+        full = list(args)
+        for i, x in zip(floats, xs, strict=True):
+            full[i] = x
+        return jnp.sum(fn(*full).astype(jnp.float32))
+
+    return jax.jit(jax.grad(loss, argnums=tuple(range(len(floats))))), [args[i] for i in floats]
+
+
+def recurrent_ms(shape: Shape, segment_ids, impl: str, repeats: int) -> float:
+    ks = jax.random.split(jax.random.PRNGKey(0), 5)
+    B, T, H, HV, K, V = shape.B, shape.T, shape.H, shape.HV, shape.K, shape.V
+    q, k = (jax.random.normal(x, (B, T, H, K), jnp.bfloat16) for x in ks[:2])
+    v = jax.random.normal(ks[2], (B, T, HV, V), jnp.bfloat16)
+    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, HV, K) if shape.per_key else (B, T, HV)) + 2.0)
+    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, HV))).astype(jnp.bfloat16) if shape.delta else None
+    op = api.chunk_kda if shape.per_key else api.chunk_gated_delta_rule if shape.delta else None
+
+    def fn(q, k, v, g, beta):
+        if op is None:
+            return api.chunk_simple_gla(q, k, v, g, impl=impl, segment_ids=segment_ids)[0]
+        return op(q, k, v, g, beta, use_qk_l2norm=True, impl=impl, segment_ids=segment_ids)[0]
+
+    grad, xs = _fwd_bwd(fn, q, k, v, g, beta)
+    return median_ms(grad, *xs, repeats=repeats)
+
+
+def attention_ms(dims, segment_ids, impl: str, repeats: int) -> float:
+    B, T, H, dqk, dv = dims
+    ks = jax.random.split(jax.random.PRNGKey(1), 3)
+    q, k = (jax.random.normal(x, (B, T, H, dqk), jnp.bfloat16) for x in ks[:2])
+    v = jax.random.normal(ks[2], (B, T, H, dv), jnp.bfloat16)
+    grad, xs = _fwd_bwd(lambda q, k, v: api.attention(q, k, v, impl=impl, segment_ids=segment_ids), q, k, v)
+    return median_ms(grad, *xs, repeats=repeats)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--every", type=int, default=512, help="tokens per document")
+    ap.add_argument("--only", nargs="*", default=None, help="shape names (benchmarks/shapes.py) to run")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
+    args = ap.parse_args(argv)
+    impl = "pallas_interpret" if args.smoke else "auto"
+    shapes = [s for s in SHAPES if args.only is None or s.name in args.only]
+    if args.smoke:
+        shapes = [Shape(s.name, 1, 64, 1, 2, 16, 16, s.delta, s.per_key) for s in shapes[:3]]
+    rows = []
+    for shape in shapes:
+        seg = jnp.broadcast_to(jnp.arange(shape.T, dtype=jnp.int32) // min(args.every, shape.T), (shape.B, shape.T))
+        none, docs = (recurrent_ms(shape, s, impl, args.repeats) for s in (None, seg))
+        rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs, ratio=docs / none))
+    attention = {"smoke": (1, 64, 2, 16, 16)} if args.smoke else ATTENTION_SHAPES
+    for name, dims in attention.items():
+        B, T = dims[:2]
+        seg = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) // min(args.every, T), (B, T))
+        none, docs = (attention_ms(dims, s, impl, args.repeats) for s in (None, seg))
+        rows.append(dict(part="attention", shape=name, none_ms=none, documents_ms=docs, ratio=docs / none))
+    for row in rows:
+        print(f"{row['part']:<10} {row['shape']:<24} none {row['none_ms']:8.3f} ms  documents every {args.every}: "
+              f"{row['documents_ms']:8.3f} ms  x{row['ratio']:.3f}", flush=True)
+    print(json.dumps(dict(every=args.every, device=jax.devices()[0].device_kind, rows=rows)))
+
+
+if __name__ == "__main__":
+    main()
