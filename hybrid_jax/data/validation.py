@@ -9,7 +9,8 @@
 * ``"mock"`` (mock-data runs): Markov-chain sequences at indices far beyond any training stream's.
 
 The windows are taken in order from the start, never shuffled, so every evaluation (and a resumed run's) scores
-exactly the same tokens.
+exactly the same tokens. With ``data.document_mask`` each window is ``[2, seq_len + 1]``, its tokens and their
+segment ids (the EOS tokens before each position), as the training batches are.
 """
 
 from __future__ import annotations
@@ -35,18 +36,31 @@ def validation_windows(config: ConfigDict, count: int) -> np.ndarray:
     """
     path, length = config.data.validation_path, config.train.seq_len + 1
     if path == "mock":
+        if config.data.get("document_mask", False):
+            raise ValueError("data.validation_path='mock' does not support data.document_mask yet; validate on a "
+                             "prepared dataset or a .jsonl of documents")
         chain = MarkovSequences(config.model.vocab_size, length, config.train.seed)
         return np.stack([chain(MOCK_OFFSET + i) for i in range(count)])
-    p = Path(path).expanduser()
+    windows, eos_id = _file_windows(config, Path(path).expanduser(), length, count)
+    if config.data.get("document_mask", False):
+        from hybrid_jax.data.pipeline import segment_ids_after_eos
+
+        return np.stack([np.stack([w, segment_ids_after_eos(w, eos_id)]) for w in windows])
+    return windows
+
+
+def _file_windows(config: ConfigDict, p: Path, length: int, count: int) -> tuple[np.ndarray, int]:
+    """The windows of a prepared directory or a documents file, and the EOS id that ends each document."""
+    path = config.data.validation_path
     if p.is_dir():
-        return _prepared_windows(config, p, length, count)
+        return _prepared_windows(config, p, length, count), int(read_manifest(p)["eos_id"])
     if not p.is_file():
         raise FileNotFoundError(f"data.validation_path={path} not found: give a prepared dataset directory, a "
                                 ".jsonl/.parquet file of documents, or 'mock'")
     if not p.name.endswith(DOCUMENT_SUFFIXES):
         raise ValueError(f"data.validation_path={path}: expected a .jsonl(.gz) or .parquet file of documents or a "
                          "prepared dataset directory")
-    return _document_windows(config, p, length, count)
+    return _document_windows(config, p, length, count), load_tokenizer(config.data.tokenizer).eos_id
 
 
 def _prepared_windows(config: ConfigDict, directory: Path, length: int, count: int) -> np.ndarray:

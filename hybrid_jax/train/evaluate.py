@@ -44,7 +44,7 @@ def load_windows(config: ConfigDict, batch_shards: int) -> tuple[np.ndarray, str
     note = (f"validation: {batches} batches x {batch} windows x {t.seq_len} tokens of {config.data.validation_path}"
             + (f" (only {batches} of train.eval_batches={t.eval_batches} fit in it)" if batches < t.eval_batches
                else "") + f", every {t.eval_every} steps and at the end")
-    return windows[: batches * batch].reshape(batches, batch, -1), note
+    return windows[: batches * batch].reshape(batches, batch, *windows.shape[1:]), note
 
 
 class Evaluator:
@@ -59,7 +59,10 @@ class Evaluator:
 
         def loss(params: dict, tokens: jax.Array) -> jax.Array:
             model = nnx.merge(graphdef, params)
-            h = model.features(tokens[:, :-1])
+            segment_ids = None
+            if tokens.ndim == 3:  # data.document_mask: [B, 2, T+1] tokens and segment ids, as in the train step
+                tokens, segment_ids = tokens[:, 0], tokens[:, 1, :-1]
+            h = model.features(tokens[:, :-1], segment_ids)
             return cross_entropy(h, jnp.asarray(model.embedding), tokens[:, 1:], chunk_size=chunk)
 
         self._loss = jax.jit(loss, in_shardings=(param_shardings, sharding))

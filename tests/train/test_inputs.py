@@ -101,3 +101,19 @@ def test_tokenizer_from_the_manifest_and_validation_loss(prepared, tmp_path):
     gone = _tokens_config(prepared, tmp_path, **{"data.path": str(tmp_path / "gone")})
     with pytest.raises(NoTokenizer, match="manifest is gone"):
         run_tokenizer_path(gone)
+
+
+def test_validation_windows_are_fixed_and_carry_segment_ids_with_document_mask(prepared, tmp_path):
+    config = _tokens_config(prepared, tmp_path, **{"data.validation_path": str(prepared["val"]),
+                                                   "data.tokenizer": str(prepared["tokenizer"])})
+    plain = validation_windows(config, 40)
+    assert plain.shape == (40, 33) and plain.dtype == np.int32
+    np.testing.assert_array_equal(validation_windows(config, 3), plain[:3])  # the same windows, in order
+    config.data.document_mask = True
+    packed = validation_windows(config, 40)
+    assert packed.shape == (40, 2, 33)
+    np.testing.assert_array_equal(packed[:, 0], plain)
+    eos = 2  # tiny_hf_tokenizer's </s>
+    for tokens, segments in packed:
+        np.testing.assert_array_equal(segments, np.concatenate([[0], np.cumsum(tokens[:-1] == eos)]))
+    assert packed[:, 1].max() > 0  # some window spans a document boundary
