@@ -100,3 +100,17 @@ def test_loglikelihoods_match_hf(run_dir, shared_data):
     long = Instance("loglikelihood", {}, ("Question: why?\nAnswer:", " " + texts[-1]), 0)
     (score, _), = default.loglikelihood([long])
     assert np.isfinite(score) and score < -100
+
+
+def test_write_tasks_for_the_lm_eval_cli(tmp_path, capsys):
+    from hybrid_jax.eval.__main__ import main as eval_main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    eval_main(["--write-tasks", str(tmp_path / "tasks"), "--data-dir", str(data)])
+    written = sorted(p.name for p in (tmp_path / "tasks").glob("*.yaml"))
+    assert written == ["arc_challenge.yaml", "arc_easy.yaml", "piqa.yaml"]
+    text = (tmp_path / "tasks" / "arc_easy.yaml").read_text()
+    assert str(data.resolve()) in text and "${DATA_DIR}" not in text
+    assert f"lm_eval --model hf --model_args pretrained=EXPORT_DIR,trust_remote_code=True,dtype=float32 " \
+           f"--include_path {tmp_path / 'tasks'}" in capsys.readouterr().out

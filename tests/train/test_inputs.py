@@ -117,3 +117,13 @@ def test_validation_windows_are_fixed_and_carry_segment_ids_with_document_mask(p
     for tokens, segments in packed:
         np.testing.assert_array_equal(segments, np.concatenate([[0], np.cumsum(tokens[:-1] == eos)]))
     assert packed[:, 1].max() > 0  # some window spans a document boundary
+
+
+def test_a_warmup_longer_than_the_run_is_cut_with_a_note():
+    from hybrid_jax.train.validate import clamp_warmup
+
+    t = tiny_config().train
+    t.update(dict(steps=5, warmup_steps=30))
+    assert clamp_warmup(t) == ("note: train.warmup_steps=30 is longer than train.steps=5; warming up over all 5 "
+                               "steps instead")
+    assert t.warmup_steps == 5 and clamp_warmup(t) is None  # once cut (or when it fits) nothing changes
