@@ -24,7 +24,7 @@ from hybrid_jax.train.validate import ConfigError, clamp_warmup, validate
 
 
 class TooManySkippedSteps(RuntimeError):
-    """``train.max_skipped_in_a_row`` consecutive steps had a non-finite loss or gradient."""
+    """``train.max_skipped_in_a_row`` consecutive steps had a non-finite loss, gradient or update."""
 
 
 def abstract_like(state: dict, shardings: dict) -> dict:

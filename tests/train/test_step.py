@@ -124,7 +124,7 @@ def test_step_lowers_ahead_of_time_from_abstract_state():
 
 
 def test_finite_loss_and_gradient_with_an_overflowing_update_is_skipped():
-    """lr 1e30: the loss and gradient of the step are finite but the update overflows float32 -> skipped, weights kept."""
+    """lr 1e30: the step's loss and gradient are finite but the update overflows float32 -> skipped, weights kept."""
     config = tiny_config(lr=1e30, min_lr=0.0, warmup_steps=0, micro_batch_size=16)
     mesh = mesh_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:1])
     tx = make_optimizer(config.train)
