@@ -24,6 +24,7 @@ import numpy as np
 from benchmarks import record
 from benchmarks.shapes import ATTENTION_SHAPES as SHAPES
 from hybrid_jax import kernels
+from hybrid_jax.kernels import cudnn_attention as cudnn
 from hybrid_jax.kernels import flash_attention as flash
 from hybrid_jax.kernels import reference, tuning
 from hybrid_jax.kernels.registry import OPS
@@ -76,8 +77,8 @@ def check(interpret: bool, gpu: bool) -> list[dict]:
     for B, T, H, dqk, dv, dtype, causal in CHECKS:
         q, k, v, do = inputs(B, T, H, dqk, dv, dtype)
         impls = {"pallas": lambda q, k, v, c=causal: flash.flash_attention(q, k, v, causal=c, interpret=interpret)}
-        if gpu and flash.cudnn_head_dim(q, v) is not None:
-            impls["cudnn"] = lambda q, k, v, c=causal: flash.cudnn_attention(q, k, v, causal=c)
+        if gpu and cudnn.cudnn_head_dim(q, v) is not None:
+            impls["cudnn"] = lambda q, k, v, c=causal: cudnn.cudnn_attention(q, k, v, causal=c)
         with jax.default_matmul_precision("highest"):
             f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
             o_ref, vjp = jax.vjp(lambda q, k, v: reference.naive_attention(q, k, v, causal=causal), *f32[:3])
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
                 q, k, v, is_causal=True, implementation="cudnn"
             )
             impls["auto"] = lambda q, k, v: kernels.attention(q, k, v, impl="auto")
-        row = timings[name] = {"auto_choice": flash.auto_impl(q, v)}
+        row = timings[name] = {"auto_choice": cudnn.auto_impl(q, v)}
         for label, attn in impls.items():
             fwd, grad = fwd_and_grad(attn)
             try:

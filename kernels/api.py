@@ -126,11 +126,12 @@ def attention(
     """Softmax attention. ``q, k: [B,T,H,Dqk]``; ``v: [B,T,H,Dv]`` -> ``[B,T,H,Dv]``; scale ``Dqk**-0.5``.
 
     ``impl="auto"``: cuDNN on NVIDIA where it runs the shape, the Pallas flash kernel on other GPUs, XLA on
-    CPU (``kernels/flash_attention.py::auto_impl``). ``"xla"`` and ``"naive"`` are the plain float32 softmax.
+    CPU (``kernels/cudnn_attention.py::auto_impl``). ``"xla"`` and ``"naive"`` are the plain float32 softmax.
     ``segment_ids [B,T]`` int (packed documents, nondecreasing): a query sees only its own document's keys; the
     flash kernel then skips the key blocks wholly before the document.
     """
-    from hybrid_jax.kernels.flash_attention import auto_impl, cudnn_attention, flash_attention
+    from hybrid_jax.kernels.cudnn_attention import auto_impl, cudnn_attention
+    from hybrid_jax.kernels.flash_attention import flash_attention
 
     _check_segments("attention", segment_ids, q.shape)
     if impl == "auto" and (impl := auto_impl(q, v, segment_ids)) == "cudnn":

@@ -108,7 +108,7 @@ def _impls(case: Case, interpret: bool) -> list[str]:
     if interpret:
         return ["pallas_interpret"]
     if case.op == "attention":
-        from hybrid_jax.kernels.flash_attention import auto_impl
+        from hybrid_jax.kernels.cudnn_attention import auto_impl
 
         q = jnp.zeros((1, 1, case.H, case.K), case.dtype)
         if auto_impl(q, jnp.zeros((1, 1, case.H, case.V), case.dtype)) != "pallas":

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax import kernels
+from hybrid_jax.kernels import cudnn_attention as cudnn
 from hybrid_jax.kernels import flash_attention as flash
 from hybrid_jax.kernels import reference, tuning
 from tests.conftest import rel_err
@@ -70,7 +71,7 @@ def test_causal_output_ignores_future_tokens():
 
 def test_api_dispatch_on_cpu():
     q, k, v, _ = make_inputs(1, 20, 2, 24, 16, jnp.float32)
-    assert flash.auto_impl(q, v) == "xla"
+    assert cudnn.auto_impl(q, v) == "xla"
     want = reference.naive_attention(q, k, v)
     np.testing.assert_array_equal(kernels.attention(q, k, v), want)
     np.testing.assert_allclose(kernels.attention(q, k, v, impl="pallas_interpret"), want, rtol=1e-5, atol=1e-5)
@@ -80,11 +81,11 @@ def test_api_dispatch_on_cpu():
 
 def test_cudnn_head_dim_rule():
     bf = lambda d: jnp.zeros((1, 4, 1, d), jnp.bfloat16)
-    assert flash.cudnn_head_dim(bf(64), bf(64)) == 64
-    assert flash.cudnn_head_dim(bf(48), bf(32)) == 48
-    assert flash.cudnn_head_dim(bf(20), bf(30)) == 32
-    assert flash.cudnn_head_dim(bf(192), bf(128)) is None
-    assert flash.cudnn_head_dim(bf(64).astype(jnp.float32), bf(64)) is None
+    assert cudnn.cudnn_head_dim(bf(64), bf(64)) == 64
+    assert cudnn.cudnn_head_dim(bf(48), bf(32)) == 48
+    assert cudnn.cudnn_head_dim(bf(20), bf(30)) == 32
+    assert cudnn.cudnn_head_dim(bf(192), bf(128)) is None
+    assert cudnn.cudnn_head_dim(bf(64).astype(jnp.float32), bf(64)) is None
 
 
 @pytest.mark.parametrize("dqk,dv", [(48, 32), (16, 40)])
@@ -93,7 +94,7 @@ def test_cudnn_padding_keeps_the_math(monkeypatch, dqk, dv):
     dpa = jax.nn.dot_product_attention
     monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **kw: dpa(*a, **{**kw, "implementation": "xla"}))
     q, k, v, _ = make_inputs(1, 33, 2, dqk, dv, jnp.bfloat16)
-    o = flash.cudnn_attention(q, k, v, causal=True)
+    o = cudnn.cudnn_attention(q, k, v, causal=True)
     want = reference.naive_attention(q, k, v)
     assert o.shape == want.shape
     assert rel_err(o, want) <= 5e-3
