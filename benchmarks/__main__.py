@@ -47,6 +47,8 @@ PARTS = {  # name: (module, one line)
               "(--profile: where the step's device time goes)"),
     "max_batch": ("benchmarks.max_batch", "the largest micro-batch per config and remat mode: by compiles, or "
                   "by real steps (--steps)"),
+    "plan_memory": ("benchmarks.plan_memory", "per-device memory of a config's train step at a data x fsdp mesh, "
+                    "from the compiled step, no weights allocated (--cpu: on host devices)"),
     "small_ops": ("benchmarks.small_ops", "norms, SwiGLU, short conv and cross-entropy under XLA against the "
                   "memory / matmul roofline"),
     "sublayers": ("benchmarks.sublayers", "time per sublayer kind against its FLOP share"),

@@ -1,0 +1,173 @@
+"""Per-device memory of a config's train step at a mesh, planned before any weight exists.
+
+    python -m benchmarks plan_memory --config configs/zebra_8b.py --fsdp 4 [--data 1] [--cpu] [--no-compile] \
+        [--config.train.micro_batch_size=1 --config.model.remat=full ...] [--name NAME] [--out DIR]
+
+The train state (float32 weights, AdamW moments, counters) is built abstractly (``jax.eval_shape`` of
+``init_state``'s initializer) with the shardings the trainer gives it on a ``data x fsdp`` mesh (``mesh.py``'s
+rules; ``--config.train.zero1=true`` splits the moments over ``data`` too), so nothing is allocated. Two figures:
+
+* ``state``: bytes of the parameters and of the optimizer state that one device holds, from each leaf's
+  sharding (``sharding.shard_shape``): exact, and the same arithmetic as the running trainer's arrays.
+* ``compiled`` (unless ``--no-compile``): the real jitted train step (``make_train_step``, the config's micro
+  batch and accumulation) lowered on those abstract arguments and compiled for the mesh's devices, measured by
+  the compiler's ``memory_analysis()``: peak = arguments + outputs - aliased (the donated state) + temporaries,
+  per device.
+
+``--cpu`` compiles for ``data x fsdp`` host CPU devices (``--xla_force_host_platform_device_count``): an
+indication only, since the CPU compiler fuses, schedules and rematerializes differently from the GPU one and
+the Pallas kernels fall back to their XLA form; the plan for a GPU run is this command on the GPUs themselves
+(where it compiles for ``data x fsdp`` of them without running a step). Saves the record ``plan_memory_<model
+name>_d<data>_f<fsdp>`` (or ``--name``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from benchmarks import configs, record
+from hybrid_jax.model import HybridLM, count_params
+from hybrid_jax.train import mesh as mesh_lib
+from hybrid_jax.train.optim import make_optimizer
+from hybrid_jax.train.step import init_state, make_train_step
+from hybrid_jax.train.validate import validate
+
+GIB = 2**30
+
+
+def shard_bytes(tree: Any) -> int:
+    """Bytes of one device's shard of every leaf of ``tree`` (``ShapeDtypeStruct`` or array leaves with a
+    ``NamedSharding``): the largest device's share, which for these even splits is every device's."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape)
+        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def full_bytes(tree: Any) -> int:
+    """Bytes of every leaf of ``tree`` whole (unsharded)."""
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def abstract_train_state(config: ConfigDict, mesh: Mesh) -> tuple[nnx.GraphDef, Any, dict, dict]:
+    """``(graphdef, tx, abstract_state, shardings)`` of the trainer's state on ``mesh``: ``ShapeDtypeStruct``
+    leaves carrying their shardings; no array is allocated."""
+    tx = make_optimizer(config.train)
+    built: dict = {}
+
+    def build() -> dict:
+        model = lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed))  # noqa: E731
+        graphdef, state, shardings = init_state(model, tx, mesh, zero1=config.train.zero1, seed=config.train.seed)
+        built.update(graphdef=graphdef, shardings=shardings)
+        return state
+
+    abstract = jax.eval_shape(build)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                         built["shardings"])
+    return built["graphdef"], tx, state, built["shardings"]
+
+
+def plan(config: ConfigDict, mesh: Mesh, *, compile_step: bool = True) -> dict:
+    """The per-device state bytes of ``config`` on ``mesh`` and (``compile_step``) the compiled step's memory.
+
+    ``config.train.global_batch_size`` must be the micro batch x accumulation x batch shards the caller wants.
+    """
+    accum = validate(config, mesh_lib.batch_shards(mesh))
+    t0 = time.perf_counter()
+    graphdef, tx, state, shardings = abstract_train_state(config, mesh)
+    t = config.train
+    out: dict = dict(
+        config=config.model.name, params=count_params(config.model), mesh=dict(mesh.shape), devices=mesh.size,
+        device=mesh.devices.flat[0].device_kind, platform=mesh.devices.flat[0].platform, zero1=t.zero1,
+        remat=config.model.remat, dtype=config.model.dtype, micro_batch_size=t.micro_batch_size, accum=accum,
+        global_batch_size=t.global_batch_size, seq_len=t.seq_len,
+        params_gib_total=full_bytes(state["params"]) / GIB,
+        opt_state_gib_total=full_bytes(state["opt_state"]) / GIB,
+        params_gib_per_device=shard_bytes(state["params"]) / GIB,
+        opt_state_gib_per_device=shard_bytes(state["opt_state"]) / GIB,
+        state_gib_per_device=shard_bytes(state) / GIB,
+        abstract_s=time.perf_counter() - t0,
+    )
+    if not compile_step:
+        return out
+    step = make_train_step(graphdef, tx, t, mesh, shardings, accum=accum)
+    rows = (t.global_batch_size, 2, t.seq_len + 1) if config.data.get("document_mask") else (
+        t.global_batch_size, t.seq_len + 1)
+    batch = jax.ShapeDtypeStruct(rows, jnp.int32, sharding=mesh_lib.batch_sharding(mesh))
+    t0 = time.perf_counter()
+    lowered = step.lower(state, batch)
+    t1 = time.perf_counter()
+    stats = lowered.compile().memory_analysis()
+    t2 = time.perf_counter()
+    peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+            + stats.temp_size_in_bytes)
+    out.update(
+        compiled=dict(argument_gib=stats.argument_size_in_bytes / GIB, output_gib=stats.output_size_in_bytes / GIB,
+                      alias_gib=stats.alias_size_in_bytes / GIB, temp_gib=stats.temp_size_in_bytes / GIB,
+                      peak_gib=peak / GIB),
+        lower_s=t1 - t0, compile_s=t2 - t1,
+    )
+    return out
+
+
+def summary(result: dict) -> str:
+    """One line of the plan: state per device, and the compiled peak when there is one."""
+    line = (f"{result['config']} mesh {result['mesh']} on {result['platform']} zero1={result['zero1']} "
+            f"remat={result['remat']} micro {result['micro_batch_size']} x {result['seq_len']}: params "
+            f"{result['params_gib_per_device']:.2f} + optimizer {result['opt_state_gib_per_device']:.2f} GiB per "
+            f"device (of {result['params_gib_total']:.2f} + {result['opt_state_gib_total']:.2f} in all)")
+    if "compiled" in result:
+        c = result["compiled"]
+        line += (f"; compiled step peak {c['peak_gib']:.2f} GiB per device (temporaries {c['temp_gib']:.2f}), "
+                 f"compile {result['lower_s'] + result['compile_s']:.0f} s")
+    return line
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks plan_memory", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="a config file (configs/*.py); overrides: --config.KEY=VALUE")
+    ap.add_argument("--fsdp", type=int, default=1, help="mesh.fsdp: the parameter-sharding axis")
+    ap.add_argument("--data", type=int, default=1, help="mesh.data: the data-parallel axis")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per device per step")
+    ap.add_argument("--cpu", action="store_true", help="compile for data x fsdp host CPU devices (indicative)")
+    ap.add_argument("--no-compile", action="store_true", help="only the state's bytes per device (seconds)")
+    ap.add_argument("--name", default="", help="the record's name (default plan_memory_<model>_d<D>_f<F>)")
+    ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
+    args, overrides = configs.parse(ap, argv)
+    n = args.data * args.fsdp
+    if args.cpu:  # read when the backend starts, which is below
+        os.environ["XLA_FLAGS"] = " ".join(
+            [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+            + [f"--xla_force_host_platform_device_count={n}"])
+    if args.cpu:
+        jax.config.update("jax_platforms", "cpu")
+    logging.set_verbosity(logging.WARNING)
+    config = configs.load(args.config, overrides)
+    config.mesh.data, config.mesh.fsdp = args.data, args.fsdp
+    if len(jax.devices()) < n:
+        ap.error(f"data {args.data} x fsdp {args.fsdp} needs {n} devices, this process sees {len(jax.devices())} "
+                 "(--cpu: host CPU devices)")
+    mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:n])
+    config.train.global_batch_size = config.train.micro_batch_size * args.accum * mesh_lib.batch_shards(mesh)
+    result = plan(config, mesh, compile_step=not args.no_compile)
+    print(summary(result), flush=True)
+    print(json.dumps(result, indent=1), flush=True)
+    record.save(args.name or f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}", result, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
