@@ -55,7 +55,8 @@ def _run(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1):
 
 @pytest.mark.parametrize(
     "zero1,micro,fsdp,want_accum",
-    [(False, 2, 1, 1), (True, 2, 1, 1), (True, 1, 1, 2), (True, 2, 2, 1)],  # the last: ZeRO-3 over fsdp=2
+    # the last two: ZeRO-3, fsdp 2 x data 4 and fsdp 4 x data 2 (test_fsdp.py reuses the latter's run)
+    [(False, 2, 1, 1), (True, 2, 1, 1), (True, 1, 1, 2), (True, 2, 2, 1), (True, 2, 4, 1)],
 )
 def test_data_parallel_step_equals_single_device(zero1, micro, fsdp, want_accum):
     _, _, ref_state, _, ref_losses, ref_accum = _run(1, micro=16)

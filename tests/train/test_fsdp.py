@@ -1,0 +1,79 @@
+"""ZeRO-3 (``mesh.fsdp``) on 8 CPU devices: each device holds 1/N of the weights and moments, the planner's
+arithmetic (``benchmarks/plan_memory.py``) is what the arrays hold, and a checkpoint written on an fsdp 4 x data 2
+mesh restores bit-identically onto 2 data-parallel devices and continues with the same loss.
+
+The fsdp 4 x data 2 losses against one device are a case of ``test_step.py``'s
+``test_data_parallel_step_equals_single_device``; these tests reuse its cached run (one compile).
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks.plan_memory import abstract_train_state, full_bytes, shard_bytes
+from hybrid_jax.data import make_train_iterator
+from hybrid_jax.train import mesh as mesh_lib
+from hybrid_jax.train.checkpoint import Checkpointer
+from tests.train.test_step import _batches, _run, _setup
+
+FSDP = 4  # x data 2 on the 8 devices
+
+
+def _bytes_on(tree, device) -> int:
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == device)
+
+
+def _like(state):
+    """The restore target: ``ShapeDtypeStruct`` leaves with ``state``'s shardings."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+def test_each_device_holds_one_nth_of_weights_and_moments():
+    config, mesh, state, *_ = _run(8, zero1=True, fsdp=FSDP)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": FSDP}
+    params, moments = state["params"], state["opt_state"][1][0]  # optax chain: (clip, adamw (mu, nu, count), ...)
+    moments = dict(mu=moments.mu, nu=moments.nu)
+    total_params, total_moments = full_bytes(params), full_bytes(moments)
+    assert total_params > 100_000 and total_moments == 2 * total_params
+    for device in mesh.devices.flat:
+        assert _bytes_on(params, device) == total_params // FSDP  # every leaf split over fsdp, copies over data
+        # ZeRO-1 on top: moments over all 8; only the (4,)-shaped A_log / dt_bias moments stay whole
+        assert _bytes_on(moments, device) == pytest.approx(total_moments / 8, rel=0.01)
+        assert _bytes_on(moments, device) < total_moments / 7
+    # the planner's bytes per device, from abstract state on the same mesh, are what the arrays hold
+    _, _, abstract, _ = abstract_train_state(config, mesh)
+    device = mesh.devices.flat[0]
+    assert shard_bytes(abstract["params"]) == _bytes_on(params, device)
+    assert shard_bytes(abstract["opt_state"]) == _bytes_on(state["opt_state"], device)
+    assert full_bytes(abstract) == full_bytes(state)
+
+
+def test_checkpoint_of_an_fsdp_mesh_restores_on_two_data_devices(tmp_path):
+    config, mesh8, state8, step8, losses, _ = _run(8, zero1=True, fsdp=FSDP)
+    assert int(state8["step"]) == 2
+    saved = jax.device_get(state8)
+    ckpt = Checkpointer(tmp_path, config.train)
+    assert ckpt.save(2, state8, make_train_iterator(config), force=True)
+    ckpt.wait()
+    next_batch = _batches(config, 3)[2]
+
+    # the same run continued on its own mesh, from the checkpoint (the cached state8 is not donated)
+    restored8 = ckpt.restore(_like(state8), None, step=2)
+    _, metrics8 = step8(restored8, jax.device_put(next_batch, mesh_lib.batch_sharding(mesh8)))
+
+    # restored onto 2 devices, data parallel only, moments replicated (no ZeRO-1): a fresh state gives the target
+    _, mesh2, fresh2, step2, accum2 = _setup(2, micro=8)
+    assert dict(mesh2.shape) == {"data": 2, "fsdp": 1} and accum2 == 1
+    restored2 = ckpt.restore(_like(fresh2), None, step=2)
+    ckpt.close()
+    for (path, want), got, target in zip(jax.tree_util.tree_leaves_with_path(saved), jax.tree.leaves(restored2),
+                                         jax.tree.leaves(fresh2), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=jax.tree_util.keystr(path))
+        assert got.sharding == target.sharding and len(got.sharding.device_set) == 2
+    _, metrics2 = step2(restored2, jax.device_put(next_batch, mesh_lib.batch_sharding(mesh2)))
+
+    loss8, loss2 = float(metrics8["loss"]), float(metrics2["loss"])
+    assert np.isfinite(loss2) and bool(metrics2["finite"])
+    np.testing.assert_allclose(loss2, loss8, rtol=1e-6)
+    np.testing.assert_allclose(float(metrics2["grad_norm"]), float(metrics8["grad_norm"]), rtol=1e-5)
+    assert abs(loss2 - losses[-1]) > 1e-4  # a third step of the trained state, not a replay of a saved loss
