@@ -61,8 +61,11 @@ def main(argv: list[str]) -> None:
 
     maybe_initialize_distributed()  # before anything touches the devices
 
+    import jax
+
     from hybrid_jax.train.interrupt import Interrupted
     from hybrid_jax.train.loop import TooManySkippedSteps, train
+    from hybrid_jax.train.out_of_memory import out_of_memory_message
     from hybrid_jax.train.resume import RUN_ERRORS
     from hybrid_jax.train.validate import ConfigError
 
@@ -75,6 +78,10 @@ def main(argv: list[str]) -> None:
     except Interrupted as e:
         print(str(e), file=sys.stderr, flush=True)
         sys.exit(e.exit_status)
+    except Exception as e:  # a device out-of-memory: one line naming the knobs to turn; anything else re-raises
+        if (line := out_of_memory_message(e, config, jax.device_count())) is None:
+            raise
+        sys.exit(f"error: {line}")
     except KeyboardInterrupt:  # before the first step: nothing was trained, nothing to save
         print("interrupted before the first step; nothing to save", file=sys.stderr, flush=True)
         sys.exit(130)

@@ -1,6 +1,7 @@
 """ZeRO-3 (``mesh.fsdp``) on 8 CPU devices: each device holds 1/N of the weights and moments, the planner's
 arithmetic (``benchmarks/plan_memory.py``) is what the arrays hold, and a checkpoint written on an fsdp 4 x data 2
-mesh restores bit-identically onto 2 data-parallel devices and continues with the same loss.
+mesh restores bit-identically onto 2 data-parallel devices and continues with the same loss; an out-of-memory
+becomes one line naming the knobs still to turn.
 
 The fsdp 4 x data 2 losses against one device are a case of ``test_step.py``'s
 ``test_data_parallel_step_equals_single_device``; these tests reuse its cached run (one compile).
@@ -14,6 +15,8 @@ from benchmarks.plan_memory import abstract_train_state, full_bytes, shard_bytes
 from hybrid_jax.data import make_train_iterator
 from hybrid_jax.train import mesh as mesh_lib
 from hybrid_jax.train.checkpoint import Checkpointer
+from hybrid_jax.train.out_of_memory import out_of_memory_message
+from tests.train.common import tiny_config
 from tests.train.test_step import _batches, _run, _setup
 
 FSDP = 4  # x data 2 on the 8 devices
@@ -77,3 +80,19 @@ def test_checkpoint_of_an_fsdp_mesh_restores_on_two_data_devices(tmp_path):
     np.testing.assert_allclose(loss2, loss8, rtol=1e-6)
     np.testing.assert_allclose(float(metrics2["grad_norm"]), float(metrics8["grad_norm"]), rtol=1e-5)
     assert abs(loss2 - losses[-1]) > 1e-4  # a third step of the trained state, not a replay of a saved loss
+
+
+def test_out_of_memory_is_one_line_naming_the_knobs_still_to_turn():
+    xla = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 25.12GiB.\nBufferAssignment ...")
+    config = tiny_config(micro_batch_size=4, zero1=False)
+    line = out_of_memory_message(xla, config, 4)
+    assert "\n" not in line and "allocate 25.12GiB" in line and "mesh data 4 x fsdp 1" in line
+    knobs = ["train.micro_batch_size (now 4", "model.remat=full (now none)", "mesh.fsdp=2 or more", "train.zero1=true"]
+    assert [line.index(k) for k in knobs] == sorted(line.index(k) for k in knobs)  # in the order to try them
+    # the knobs already turned are not offered again; one GPU at full fsdp: more GPUs
+    config = tiny_config(micro_batch_size=1, zero1=True)
+    config.model.remat, config.mesh.fsdp = "full", 1
+    line = out_of_memory_message(xla, config, 1)
+    assert "micro_batch_size" not in line and "remat=full" not in line and "zero1=true" not in line
+    assert "more GPUs, with mesh.fsdp over all of them (now 1 of 1)" in line
+    assert out_of_memory_message(ValueError("shapes do not match"), config, 1) is None
