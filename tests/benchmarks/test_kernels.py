@@ -27,7 +27,7 @@ def test_each_variant_is_printed_when_timed_and_a_failing_one_is_recorded(capsys
     from benchmarks.kernels import run
     from benchmarks.shapes import Shape
 
-    s = Shape("tiny_gdn", 1, 128, 1, 1, 16, 16, True)
+    s = Shape("tiny_gdn", 1, 64, 1, 1, 16, 16, True)
     res = run(s, repeats=1, xla_timing=False, interpret=True, variants=("chunk=24", "block_v_bwd=16"))
     assert "power of two" in res["variants"]["chunk=24"]["error"]
     assert res["variants"]["block_v_bwd=16"]["ok"]
