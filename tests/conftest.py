@@ -12,6 +12,14 @@ from pathlib import Path  # noqa: E402
 # the kernels read a user's tuning file from this cache (kernels/tuning_file.py): the tests start from none
 os.environ["HYBRID_JAX_TUNING_DIR"] = tempfile.mkdtemp(prefix="hybrid_jax_tuning_")
 
+# One persistent compilation cache per test session, shared by the xdist workers and the CLI subprocesses they
+# start: many tests compile the same tiny train step or kernel (a cache hit is the same executable), and a fresh
+# folder per session keeps every run from a clean start.
+_run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"hybrid_jax_jit_{_run}")
+                      if _run else tempfile.mkdtemp(prefix="hybrid_jax_jit_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
