@@ -41,8 +41,9 @@ def ours(configs: list[str], folder: pathlib.Path) -> dict:
     import jax.numpy as jnp
 
     from hybrid_jax.config import load_config_file
-    from hybrid_jax.doctor.cases import cases_of, inputs
+    from hybrid_jax.doctor.cases import inputs
     from hybrid_jax.doctor.checks import _cotangents, _f32, _fwd_bwd
+    from hybrid_jax.model.kernel_calls import cases_of
 
     figures = {}
     for path in configs:

@@ -10,8 +10,8 @@ import pytest
 from hybrid_jax.kernels import tuning_file
 from hybrid_jax.kernels.recurrent.search import STAGES, Axis
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
+from hybrid_jax.model.kernel_calls import Case
 from hybrid_jax.tune.cli import main
-from hybrid_jax.tune.shapes import Problem
 from hybrid_jax.tune.sweep import Kernel, sweep
 from tests.conftest import REPO
 
@@ -33,7 +33,7 @@ def test_tune_demo_writes_a_tuning_file_with_every_op_it_uses(tmp_path, capsys):
 
 
 def test_a_candidate_that_fails_to_compile_is_skipped_with_a_note(monkeypatch):
-    kernel = Kernel([Problem("gla", 1, 64, 1, 2, 16, 16)], RecurrentConfig(chunk=16), jnp.float32, True, 2)
+    kernel = Kernel([Case("gla", 1, 64, 1, 2, 16, 16)], RecurrentConfig(chunk=16), jnp.float32, True, 2)
     state_fwd = STAGES["state"]
 
     def state_or_overflow(static, *args):

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.doctor.cases import Case, call, inputs
+from hybrid_jax.doctor.cases import call, inputs
+from hybrid_jax.model.kernel_calls import Case
 from hybrid_jax.tune.sweep import TOLERANCE, median_ms, rel_rms
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.doctor.cases import FUNCTIONS, Case, cases_of
+from hybrid_jax.doctor.cases import FUNCTIONS
 from hybrid_jax.doctor.checks import TOLERANCE, check
 from hybrid_jax.kernels import tuning, tuning_file
+from hybrid_jax.model.kernel_calls import Case, cases_of
 
 PROG = "python -m hybrid_jax.doctor"
 FALLBACK = "if a kernel fails, train with the XLA forms: --config.model.kernel_impl=xla (slower, same math)"

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from hybrid_jax.kernels import tuning, tuning_file
 from hybrid_jax.kernels.tuning import RecurrentConfig
-from hybrid_jax.tune.shapes import Problem, TuneError, fit_batch, problems_of, published_configs
+from hybrid_jax.model.kernel_calls import Case
+from hybrid_jax.tune.shapes import TuneError, fit_batch, problems_of, published_configs
 from hybrid_jax.tune.sweep import Kernel, failure_note, sweep
 
 PROG = "python -m hybrid_jax.tune"
@@ -56,7 +57,7 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
-def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Problem, list[str]]]], Path, bool]:
+def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Case, list[str]]]], Path, bool]:
     """Check the arguments (a :class:`TuneError` on bad input) -> (problems by tuning-file key with the config names
     that have them, the output path, interpret mode)."""
     from hybrid_jax.config import load_config_file
@@ -74,14 +75,14 @@ def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Problem, list[str]
     out = Path(args.out) if args.out else tuning_file.cache_path()
     check_out(out)
     stats = jax.devices()[0].memory_stats() or {}
-    by_key: dict[tuple[str, int, int], dict[Problem, list[str]]] = {}
+    by_key: dict[tuple[str, int, int], dict[Case, list[str]]] = {}
     for path in paths:
         try:
             cfg = load_config_file(path)
         except Exception as e:  # noqa: BLE001 - said in one line
             raise TuneError(f"--config {path}: cannot be loaded ({type(e).__name__}: {e})") from None
         found = problems_of(cfg, args.batch or (1 if interpret else 8), args.seq_len or (64 if interpret else None),
-                            2 if interpret else None)
+                            2 if interpret else None, "float32" if interpret else "bfloat16")
         if not found and args.config:
             raise TuneError(f"--config {path}: no recurrent mixer in its plan (nothing to tune)")
         for p in found:

@@ -18,7 +18,8 @@ from hybrid_jax.kernels.recurrent import Static, chunk_recurrence
 from hybrid_jax.kernels.recurrent.search import STAGES, Axis, stage_inputs
 from hybrid_jax.kernels.registry import OPS
 from hybrid_jax.kernels.tuning import RecurrentConfig
-from hybrid_jax.tune.shapes import Problem, inputs
+from hybrid_jax.model.kernel_calls import Case
+from hybrid_jax.tune.shapes import inputs
 
 # rel RMS against a float32 reference, (forward, gradients), by the kernels' input dtype; the doctor's too. bf16:
 # the kernels multiply bf16 operands on the tensor cores as FLA's do (rounding the output alone costs 1.1e-3); at the
@@ -58,7 +59,7 @@ def rel_rms(x, ref) -> float:
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
-def _fwd_bwd(p: Problem, config: RecurrentConfig | None, interpret: bool):
+def _fwd_bwd(p: Case, config: RecurrentConfig | None, interpret: bool):
     """jitted ``(x, do) -> (o, grads of every input)`` of the Pallas op (``config``) or the chunked XLA form (None)."""
     def fwd(x):
         if config is None:
@@ -78,7 +79,7 @@ class Kernel:
     """The problems of one tuning-file key ``(op, K, V)``: their inputs, float32 references, stage arguments, and
     every config's check and whole-op time (cached)."""
 
-    def __init__(self, problems: list[Problem], start: RecurrentConfig, dtype, interpret: bool, repeats: int):
+    def __init__(self, problems: list[Case], start: RecurrentConfig, dtype, interpret: bool, repeats: int):
         self.problems, self.start, self.dtype, self.interpret, self.repeats = problems, start, dtype, interpret, repeats
         self.key = problems[0].key
         self.x = [inputs(p, dtype) for p in problems]
