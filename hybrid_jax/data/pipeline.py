@@ -26,10 +26,9 @@ from __future__ import annotations
 import sys
 
 import grain
+import numpy as np
 from absl import flags
 from ml_collections import ConfigDict
-
-import numpy as np
 
 from hybrid_jax.data.mock import MarkovSequences, MockDocuments
 from hybrid_jax.data.shards import TokenWindows, read_manifest

@@ -119,8 +119,9 @@ def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> di
         data_iter.close()
     progress.saved(False)
     if first <= last:
+        tokens_per_s, mfu = logger.throughput()
         progress.summary(first=first, last=step, tokens_per_step=t.global_batch_size * t.seq_len,
-                         tokens_per_s=logger.throughput()[0], mfu=logger.throughput()[1],
+                         tokens_per_s=tokens_per_s, mfu=mfu,
                          skipped=int(state["skipped"]), workdir=workdir, interrupted=stopping)
     if stopping:
         raise Interrupted(step, stop.signum, str(workdir))

@@ -26,7 +26,8 @@ def packed_and_alone(seed: int):
     tokens = jax.random.randint(jax.random.PRNGKey(seed), (1, T), 0, 512)
     seg = jnp.asarray(np.repeat(np.arange(len(LENGTHS)), LENGTHS)[None], jnp.int32)
     starts = np.cumsum((0,) + LENGTHS[:-1])
-    alone = jnp.stack([jnp.pad(tokens[0, s:s + n], (0, L - n), constant_values=1) for s, n in zip(starts, LENGTHS)])
+    alone = jnp.stack([jnp.pad(tokens[0, s:s + n], (0, L - n), constant_values=1)
+                       for s, n in zip(starts, LENGTHS, strict=True)])
     mask = jnp.asarray(np.arange(L)[None, :] < np.asarray(LENGTHS)[:, None])
     return tokens, seg, alone, mask, starts
 
@@ -44,7 +45,8 @@ def test_packed_documents_equal_each_document_alone(impl):
     graphdef_xla = nnx.split(HybridLM(cfg_xla, rngs=nnx.Rngs(0)), nnx.Param)[0]
     tokens, seg, alone, mask, starts = packed_and_alone(1)
     w = jax.random.normal(jax.random.PRNGKey(2), (tokens.shape[1], cfg.vocab_size))
-    w_alone = jnp.stack([jnp.pad(w[s:s + n], ((0, alone.shape[1] - n), (0, 0))) for s, n in zip(starts, LENGTHS)])
+    w_alone = jnp.stack([jnp.pad(w[s:s + n], ((0, alone.shape[1] - n), (0, 0)))
+                         for s, n in zip(starts, LENGTHS, strict=True)])
 
     def loss(params, tokens, seg, weights, graphdef):
         logits = nnx.merge(graphdef, params)(tokens, seg)
@@ -53,7 +55,7 @@ def test_packed_documents_equal_each_document_alone(impl):
     value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=4)
     (_, logits), grads = value_and_grad(params, tokens, seg, w[None], graphdef)
     (_, logits_alone), grads_alone = value_and_grad(params, alone, None, w_alone, graphdef_xla)
-    for d, (s, n) in enumerate(zip(starts, LENGTHS)):
+    for d, (s, n) in enumerate(zip(starts, LENGTHS, strict=True)):
         assert rel_err(logits[0, s:s + n], logits_alone[d, :n]) <= 1e-5, d
     flat, flat_alone = jax.tree.leaves(grads), jax.tree.leaves(grads_alone)
     assert len(flat) == len(flat_alone) > 20
