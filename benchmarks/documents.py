@@ -1,7 +1,10 @@
 """Packed documents (``segment_ids``): the recurrent kernels and flash attention, fwd+bwd, with a document boundary
 every ``--every`` tokens against none, at the shapes of ``benchmarks/shapes.py``; prints the ratio per shape.
 
-    python -m benchmarks documents [--every 512] [--only gdn_300m kda_300m] [--smoke]
+    python -m benchmarks documents [--every 512] [--only gdn_300m kda_300m] [--stages] [--smoke]
+
+``--stages``: also each recurrent launch stage alone (``benchmarks.kernels.stage_times``) with no documents, a
+boundary every ``--every`` tokens, and one in every chunk (every chunk takes the masked form).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import json
 import jax
 import jax.numpy as jnp
 
+from benchmarks.kernels import stage_times
 from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
 from benchmarks.timing import median_ms
 from hybrid_jax.kernels import api
+from hybrid_jax.kernels.tuning import recurrent_config
 
 
 def _fwd_bwd(fn, *args):
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--every", type=int, default=512, help="tokens per document")
     ap.add_argument("--only", nargs="*", default=None, help="shape names (benchmarks/shapes.py) to run")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--stages", action="store_true", help="also time each recurrent launch stage alone")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     args = ap.parse_args(argv)
     impl = "pallas_interpret" if args.smoke else "auto"
@@ -73,6 +79,17 @@ def main(argv: list[str] | None = None) -> None:
         seg = jnp.broadcast_to(jnp.arange(shape.T, dtype=jnp.int32) // min(args.every, shape.T), (shape.B, shape.T))
         none, docs = (recurrent_ms(shape, s, impl, args.repeats) for s in (None, seg))
         rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs, ratio=docs / none))
+        if args.stages:
+            cfg = recurrent_config(per_key=shape.per_key, op="kda" if shape.per_key else "gdn" if shape.delta else "gla",
+                                   dims=(shape.K, shape.V))
+            by = {str(e): stage_times(shape, cfg, args.repeats, interpret=args.smoke, every=e)
+                  for e in (None, min(args.every, shape.T), cfg.chunk)}
+            for stage in by["None"]:
+                none = by["None"][stage]
+                rows.append(dict(part="stage", shape=f"{shape.name}.{stage}", none_ms=none,
+                                 documents_ms=by[str(min(args.every, shape.T))][stage], ratio=None,
+                                 every_chunk_ms=by[str(cfg.chunk)][stage]))
+                rows[-1]["ratio"] = rows[-1]["documents_ms"] / none
     attention = {"smoke": (1, 64, 2, 16, 16)} if args.smoke else ATTENTION_SHAPES
     for name, dims in attention.items():
         B, T = dims[:2]
@@ -80,8 +97,9 @@ def main(argv: list[str] | None = None) -> None:
         none, docs = (attention_ms(dims, s, impl, args.repeats) for s in (None, seg))
         rows.append(dict(part="attention", shape=name, none_ms=none, documents_ms=docs, ratio=docs / none))
     for row in rows:
+        every_chunk = f"  every chunk {row['every_chunk_ms']:8.3f} ms" if "every_chunk_ms" in row else ""
         print(f"{row['part']:<10} {row['shape']:<24} none {row['none_ms']:8.3f} ms  documents every {args.every}: "
-              f"{row['documents_ms']:8.3f} ms  x{row['ratio']:.3f}", flush=True)
+              f"{row['documents_ms']:8.3f} ms  x{row['ratio']:.3f}{every_chunk}", flush=True)
     print(json.dumps(dict(every=args.every, device=jax.devices()[0].device_kind, rows=rows)))
 
 

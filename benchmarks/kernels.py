@@ -97,15 +97,19 @@ def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
-def stage_args(s: Shape, config, interpret: bool = False) -> dict[str, tuple]:
+def stage_args(s: Shape, config, interpret: bool = False, every: int | None = None) -> dict[str, tuple]:
     """Arguments of each kernel stage (``search.STAGES[name](static, *args)``) at shape ``s`` from :func:`inputs`, at
-    ``config.chunk`` (``search.stage_inputs``)."""
+    ``config.chunk`` (``search.stage_inputs``); ``every``: packed documents of that many tokens."""
     x = inputs(s)
+    rel = None
+    if every is not None:
+        segment_ids = jnp.broadcast_to(jnp.arange(s.T, dtype=jnp.int32) // every, (s.B, s.T))
+        rel = reference.chunk_segments(segment_ids, config.chunk)
     static = recurrent.Static(s.K**-0.5, config.chunk, config, interpret)
     q = reference.l2_normalize(x["q"]).astype(x["q"].dtype)
     h0 = jnp.zeros((s.B, s.HV, s.K, s.V), jnp.float32)
     do = jax.random.normal(jax.random.PRNGKey(1), x["v"].shape, x["v"].dtype)
-    return stage_inputs(static, q, x["k"], x["v"], x["g"], x.get("beta"), h0, do)
+    return stage_inputs(static, q, x["k"], x["v"], x["g"], x.get("beta"), h0, do, rel)
 
 
 def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = False, **kw) -> float:
@@ -115,11 +119,13 @@ def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = Fal
     return median_ms(jax.jit(functools.partial(STAGES[name], static, **kw)), *args, repeats=repeats)
 
 
-def stage_times(s: Shape, config, repeats: int, interpret: bool = False) -> dict[str, float]:
+def stage_times(s: Shape, config, repeats: int, interpret: bool = False, every: int | None = None
+                ) -> dict[str, float]:
     """Median ms of every kernel stage of shape ``s`` under ``config`` (each stage timed alone). With a per-key gate
     and one-reference diagonal blocks, also ``NAME_first``: the stages of ``LEVELS_STAGES`` without their second
-    (levels) launch, which is what that launch costs when, as here, no chunk needs it."""
-    args = stage_args(s, config, interpret=interpret)
+    (levels) launch, which is what that launch costs when, as here, no chunk needs it. ``every``: see
+    :func:`stage_args`."""
+    args = stage_args(s, config, interpret=interpret, every=every)
     times = {n: stage_ms(n, a, config, repeats, interpret=interpret) for n, a in args.items()}
     if s.per_key and config.one_reference_span > 0:
         for n in LEVELS_STAGES:

@@ -55,25 +55,26 @@ def search_space(cfg: RecurrentConfig, problems: list[HeadDims]) -> list[Axis]:
 
 
 def stage_inputs(static: Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array | None,
-                 h0: jax.Array, do: jax.Array) -> dict[str, tuple]:
+                 h0: jax.Array, do: jax.Array, rel: jax.Array | None = None) -> dict[str, tuple]:
     """The arguments of each stage (``STAGES[name](static, *args)``) on these inputs (T a multiple of the chunk, head
     dims powers of two >= 16, ``q`` and ``k`` as the kernels take them), computed by running the stages before it.
     With ``output_in_state`` (delta rule) ``wy`` also takes ``q``, ``state`` also ``q`` and ``P``, and there is no
-    ``output`` stage."""
+    ``output`` stage. ``rel [B,T]``: packed documents (``reference.chunk_segments``), passed to every stage."""
     gamma = kernel_gate(g.astype(jnp.float32), static.chunk, static.cfg)
     output_in_state = beta is not None and static.cfg.output_in_state
+    docs = () if rel is None else (rel,)
     args = {}
     u, w, t, p = v, None, None, None
     if beta is not None:
-        args["wy"] = (k, v, gamma, beta) + ((q,) if output_in_state else ())
+        args["wy"] = (k, v, gamma, beta) + ((q,) if output_in_state else (None,) * len(docs)) + docs
         u, w, t, *p_wy = wy(static, *args["wy"])
         p = p_wy[0] if output_in_state else None
-    args["state"] = (k, gamma, w, u, h0) + ((q, p) if output_in_state else ())
+    args["state"] = (k, gamma, w, u, h0) + ((q, p) if output_in_state else (None, None) * len(docs)) + docs
     h, v_new, *_ = state_fwd(static, *args["state"])
     if not output_in_state:
-        args["output"] = (q, k, v_new, gamma, h)
+        args["output"] = (q, k, v_new, gamma, h) + docs
         _, p = output(static, *args["output"])
-    res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p)
+    res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel)
     args["state_bwd"] = (res, do, h0)
     dh, dv_new, _, hdh = state_bwd(static, *args["state_bwd"])
     args["grad"] = (res, dh, hdh, dv_new if beta is not None else None, do)

@@ -29,8 +29,10 @@ def segment_ids(T: int, starts: list[list[int]]) -> jax.Array:
 
 
 # T = 37 in chunks of 16: starts at a chunk's first row (16, 32) and last (15, 31), several per chunk, one-token
-# documents (5, 6, ...), the ragged tail's last token (36); together every row position of a 16-row chunk.
-STARTS = [[1, 5, 6, 15, 16, 18, 19, 23, 26, 29, 31, 32, 34, 36], [8, 9, 11, 12, 14, 17, 24, 28, 30, 33]]
+# documents (5, 6, ...), the ragged tail's last token (36); together every row position of a 16-row chunk. The
+# second row's last chunk (rows 32-36, and at chunk 32 rows 32-63) lies inside one document that began earlier: the
+# kernels take their unmasked form there (segments.per_chunk).
+STARTS = [[1, 5, 6, 15, 16, 18, 19, 23, 26, 29, 31, 32, 34, 36], [8, 9, 11, 12, 14, 17, 24, 28, 30]]
 
 
 def with_segments(fn, seg):
