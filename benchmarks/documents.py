@@ -80,16 +80,13 @@ def main(argv: list[str] | None = None) -> None:
         none, docs = (recurrent_ms(shape, s, impl, args.repeats) for s in (None, seg))
         rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs, ratio=docs / none))
         if args.stages:
-            cfg = recurrent_config(per_key=shape.per_key, op="kda" if shape.per_key else "gdn" if shape.delta else "gla",
-                                   dims=(shape.K, shape.V))
-            by = {str(e): stage_times(shape, cfg, args.repeats, interpret=args.smoke, every=e)
-                  for e in (None, min(args.every, shape.T), cfg.chunk)}
-            for stage in by["None"]:
-                none = by["None"][stage]
-                rows.append(dict(part="stage", shape=f"{shape.name}.{stage}", none_ms=none,
-                                 documents_ms=by[str(min(args.every, shape.T))][stage], ratio=None,
-                                 every_chunk_ms=by[str(cfg.chunk)][stage]))
-                rows[-1]["ratio"] = rows[-1]["documents_ms"] / none
+            op = "kda" if shape.per_key else "gdn" if shape.delta else "gla"
+            cfg = recurrent_config(per_key=shape.per_key, op=op, dims=(shape.K, shape.V))
+            every = min(args.every, shape.T)
+            none, docs, each = (stage_times(shape, cfg, args.repeats, interpret=args.smoke, every=e)
+                                for e in (None, every, cfg.chunk))
+            rows += [dict(part="stage", shape=f"{shape.name}.{n}", none_ms=none[n], documents_ms=docs[n],
+                          ratio=docs[n] / none[n], every_chunk_ms=each[n]) for n in none]
     attention = {"smoke": (1, 64, 2, 16, 16)} if args.smoke else ATTENTION_SHAPES
     for name, dims in attention.items():
         B, T = dims[:2]
