@@ -121,29 +121,24 @@ def _grad_kernel(*, q_ref,  # [C, K]
                  dbeta_ref=None,  # [C] out, float32
                  rel_ref=None,  # [C] int32: packed documents (segments.py)
                  scale: float, span: float):
-    """One chunk: dq, dk, d(gamma) and, with the WY refs, also dv and dbeta (the WY part fused in); with ``rel_ref``
-    masked to the chunk's documents where a new one starts (``segments.per_chunk``)."""
+    """One chunk: dq, dk, d(gamma) and, with the WY refs, also dv and dbeta (the WY part fused in)."""
     per_key = len(gamma_ref.shape) == 2
-
-    def chunk(docs: segs.Documents | None) -> None:
-        k, gamma, v_new, do = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, v_new_ref, do_ref))
-        dv_new = bm.blocks(dv_new_ref, per_key) if dv_new_ref is not None else None
-        snap = Snapshots(h_ref, dh_ref, hdh_ref)
-        dq, dk, dgamma = grad_through_output(bm.blocks(q_ref, per_key), k, gamma, snap, v_new, do, scale, span,
-                                             docs)
-        if dv_new is not None:
-            dk_wy, dgamma_wy, dv, dbeta = grad_through_wy(
-                k, *(bm.blocks(r, per_key) for r in (v_ref, beta_ref)), gamma, v_new, bm.load_lower(t_ref, per_key),
-                snap, dv_new, span, docs)
-            bm.store_blocks(dv_ref, dv)
-            bm.store_blocks(dbeta_ref, dbeta)
-            dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
-            dgamma = [x + y for x, y in zip(dgamma, dgamma_wy, strict=True)]
-        bm.store_blocks(dq_ref, dq)
-        bm.store_blocks(dk_ref, dk)
-        bm.store_blocks(dgamma_ref, dgamma)
-
-    segs.per_chunk(rel_ref, lambda r: bm.blocks(r, per_key), chunk)
+    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key))
+    k, gamma, v_new, do = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, v_new_ref, do_ref))
+    dv_new = bm.blocks(dv_new_ref, per_key) if dv_new_ref is not None else None
+    snap = Snapshots(h_ref, dh_ref, hdh_ref)
+    dq, dk, dgamma = grad_through_output(bm.blocks(q_ref, per_key), k, gamma, snap, v_new, do, scale, span, docs)
+    if dv_new is not None:
+        dk_wy, dgamma_wy, dv, dbeta = grad_through_wy(
+            k, *(bm.blocks(r, per_key) for r in (v_ref, beta_ref)), gamma, v_new, bm.load_lower(t_ref, per_key), snap,
+            dv_new, span, docs)
+        bm.store_blocks(dv_ref, dv)
+        bm.store_blocks(dbeta_ref, dbeta)
+        dk = [x + y for x, y in zip(dk, dk_wy, strict=True)]
+        dgamma = [x + y for x, y in zip(dgamma, dgamma_wy, strict=True)]
+    bm.store_blocks(dq_ref, dq)
+    bm.store_blocks(dk_ref, dk)
+    bm.store_blocks(dgamma_ref, dgamma)
 
 
 def _grad_wy_kernel(*, k_ref,  # [C, K]
@@ -163,20 +158,16 @@ def _grad_wy_kernel(*, k_ref,  # [C, K]
                     rel_ref=None,  # [C] int32: packed documents (segments.py)
                     span: float):
     """One chunk, the WY part alone (the split gradient pass's second launch): dk and d(gamma), added to the first
-    launch's, dv and dbeta; with ``rel_ref`` as in :func:`_grad_kernel`."""
+    launch's, dv and dbeta."""
     per_key = len(gamma_ref.shape) == 2
-
-    def chunk(docs: segs.Documents | None) -> None:
-        k, v, beta, gamma, v_new, dv_new = (bm.blocks(r, per_key)
-                                            for r in (k_ref, v_ref, beta_ref, gamma_ref, v_new_ref, dv_new_ref))
-        dk, dgamma, dv, dbeta = grad_through_wy(k, v, beta, gamma, v_new, bm.load_lower(t_ref, per_key),
-                                                Snapshots(h_ref), dv_new, span, docs)
-        bm.store_blocks(dk_ref, [x + y for x, y in zip(dk, bm.blocks(dk_in_ref, per_key), strict=True)])
-        bm.store_blocks(dgamma_ref, [x + y for x, y in zip(dgamma, bm.blocks(dgamma_in_ref, per_key), strict=True)])
-        bm.store_blocks(dv_ref, dv)
-        bm.store_blocks(dbeta_ref, dbeta)
-
-    segs.per_chunk(rel_ref, lambda r: bm.blocks(r, per_key), chunk)
+    k, v, beta, gamma, v_new, dv_new = (bm.blocks(r, per_key)
+                                        for r in (k_ref, v_ref, beta_ref, gamma_ref, v_new_ref, dv_new_ref))
+    dk, dgamma, dv, dbeta = grad_through_wy(k, v, beta, gamma, v_new, bm.load_lower(t_ref, per_key), Snapshots(h_ref),
+                                            dv_new, span, segs.load(rel_ref, lambda r: bm.blocks(r, per_key)))
+    bm.store_blocks(dk_ref, [x + y for x, y in zip(dk, bm.blocks(dk_in_ref, per_key), strict=True)])
+    bm.store_blocks(dgamma_ref, [x + y for x, y in zip(dgamma, bm.blocks(dgamma_in_ref, per_key), strict=True)])
+    bm.store_blocks(dv_ref, dv)
+    bm.store_blocks(dbeta_ref, dbeta)
 
 
 def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) -> tuple:

@@ -49,29 +49,26 @@ def _wy_kernel(*, k_ref,  # [C, K]
                span: float, scale: float | None = None):
     """One chunk: ``T = (I + A)^-1``, ``u = T (beta V)``, ``w = T (beta exp(gamma) K)`` and, with ``p_ref``, the
     output's ``P = incl_lower(scale Q K^T decay)``, from the same gate factors as ``A``; with ``rel_ref``, masked
-    to the chunk's documents where a new one starts (``segments.per_chunk``)."""
+    to the chunk's documents (``segments``)."""
     per_key = len(gamma_ref.shape) == 2
-
-    def chunk(docs: segs.Documents | None) -> None:
-        # Inputs are loaded where they are first used and the operations keep the order of the single-tile kernels, so
-        # at chunk 16 (one block) the Triton IR is op for op the one whose launches were tuned.
-        k, gamma, b = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, beta_ref))
-        cd = k[0].dtype
-        b = [x.astype(F32) for x in b]
-        g = segs.pairs(bm.block_gram(k, k, gamma, strict=True, span=span), docs)
-        a = [[x * b[i][:, None] for x in row] for i, row in enumerate(g)]
-        t = [[x.astype(cd) for x in row] for row in bm.block_unit_lower_inverse(a)]  # float32, used in the input dtype
-        bm.store_lower(t_ref, t)
-        v = bm.blocks(v_ref, per_key)
-        bm.store_blocks(u_ref, bm.lower_matmul(t, [(x.astype(F32) * bx[:, None]).astype(cd)
-                                                   for x, bx in zip(v, b, strict=True)]))
-        bm.store_blocks(w_ref, bm.lower_matmul(t, [
-            (x.astype(F32) * bx[:, None] * segs.carried(bm.per_column(jnp.exp(g)), docs, i)).astype(cd)
-            for i, (x, bx, g) in enumerate(zip(k, b, gamma, strict=True))]))
-        if p_ref is not None:
-            bm.store_lower(p_ref, segs.pairs(_output_gram(bm.blocks(q_ref, per_key), k, gamma, scale, span), docs))
-
-    segs.per_chunk(rel_ref, lambda r: bm.blocks(r, per_key), chunk)
+    # Inputs are loaded where they are first used and the operations keep the order of the single-tile kernels, so at
+    # chunk 16 (one block) the Triton IR is op for op the one whose launches were tuned.
+    k, gamma, b = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, beta_ref))
+    cd = k[0].dtype
+    b = [x.astype(F32) for x in b]
+    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key))
+    g = segs.pairs(bm.block_gram(k, k, gamma, strict=True, span=span), docs)
+    a = [[x * b[i][:, None] for x in row] for i, row in enumerate(g)]
+    t = [[x.astype(cd) for x in row] for row in bm.block_unit_lower_inverse(a)]  # float32, used in the input dtype
+    bm.store_lower(t_ref, t)
+    v = bm.blocks(v_ref, per_key)
+    bm.store_blocks(u_ref, bm.lower_matmul(t, [(x.astype(F32) * bx[:, None]).astype(cd)
+                                               for x, bx in zip(v, b, strict=True)]))
+    bm.store_blocks(w_ref, bm.lower_matmul(t, [
+        (x.astype(F32) * bx[:, None] * segs.carried(bm.per_column(jnp.exp(g)), docs, i)).astype(cd)
+        for i, (x, bx, g) in enumerate(zip(k, b, gamma, strict=True))]))
+    if p_ref is not None:
+        bm.store_lower(p_ref, segs.pairs(_output_gram(bm.blocks(q_ref, per_key), k, gamma, scale, span), docs))
 
 
 def _state_kernel(*, k_ref,  # [T, K]
@@ -122,22 +119,19 @@ def _output_kernel(*, q_ref,  # [C, K]
                    rel_ref=None,  # [C] int32: packed documents (segments.py)
                    scale: float, span: float):
     """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with ``rel_ref``
-    masked to the chunk's documents where a new one starts (``segments.per_chunk``)."""
+    masked to the chunk's documents (``segments``)."""
     per_key = len(gamma_ref.shape) == 2
-
-    def chunk(docs: segs.Documents | None) -> None:
-        q, gamma, k = (bm.blocks(r, per_key) for r in (q_ref, gamma_ref, k_ref))  # order of use: as in _wy_kernel
-        cd = q[0].dtype
-        p = segs.pairs(_output_gram(q, k, gamma, scale, span), docs)
-        if p_ref is not None:
-            bm.store_lower(p_ref, p)
-        qd = [(x.astype(F32) * scale * segs.carried(bm.per_column(jnp.exp(g)), docs, i)).astype(cd)
-              for i, (x, g) in enumerate(zip(q, gamma, strict=True))]
-        qh = [bm.dot(x, h_ref[...]) for x in qd]
-        bm.store_blocks(o_ref, [x + y for x, y in zip(qh, bm.lower_matmul(p, bm.blocks(v_new_ref, per_key)),
-                                                      strict=True)])
-
-    segs.per_chunk(rel_ref, lambda r: bm.blocks(r, per_key), chunk)
+    q, gamma, k = (bm.blocks(r, per_key) for r in (q_ref, gamma_ref, k_ref))  # order of use: as in _wy_kernel
+    cd = q[0].dtype
+    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key))
+    p = segs.pairs(_output_gram(q, k, gamma, scale, span), docs)
+    if p_ref is not None:
+        bm.store_lower(p_ref, p)
+    qd = [(x.astype(F32) * scale * segs.carried(bm.per_column(jnp.exp(g)), docs, i)).astype(cd)
+          for i, (x, g) in enumerate(zip(q, gamma, strict=True))]
+    qh = [bm.dot(x, h_ref[...]) for x in qd]
+    bm.store_blocks(o_ref, [x + y for x, y in zip(qh, bm.lower_matmul(p, bm.blocks(v_new_ref, per_key)),
+                                                  strict=True)])
 
 
 def wy(static: Static, k, v, gamma, beta, q=None, rel=None, redo_far: bool = True) -> tuple[jax.Array, ...]:

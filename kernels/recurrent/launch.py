@@ -217,13 +217,47 @@ def chunk_by_chunk(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chu
     lax.fori_loop(0, n_chunks, one_chunk, 0)
 
 
-def _levels_on_far_rows(*, kernel: Callable, inputs: list[str], outputs: list[str], gate: str, span: float,
-                        causal: bool, chunk: int, rows: dict[str, bool], summed: bool, far_ref, **refs):
-    """``kernel`` with the levels over the chunks of one program (:func:`diagonal_launches`), run only on the chunks
-    that ``far_ref`` (``[R]``: the program's chunks' flags, :func:`far_chunks`) marks, storing only their far rows
-    (:func:`block_math.far_blocks`). The one-reference launch's outputs come in aliased to this launch's outputs
-    (``refs[NAME_first]``, unused: :class:`FarRowsOnly` reads them through the outputs)."""
-    views = {name: refs[name] for name in inputs + outputs}
+def _chunks(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chunks: int, skip_ref=None, **refs):
+    """A first launch's program: ``kernel`` on its ``n_chunks`` consecutive chunks (one: on the refs as they are),
+    except those ``skip_ref`` (``[n_chunks]`` flags, or None) marks."""
+    if n_chunks == 1:
+        if skip_ref is None:
+            kernel(**refs)
+        else:
+            pl.when(jnp.max(skip_ref[...]) == 0)(lambda: kernel(**refs))
+        return
+    unless = None if skip_ref is None else (lambda r: jnp.max(skip_ref[pl.ds(r, 1)]) == 0)
+    chunk_by_chunk(kernel=kernel, chunk=chunk, rows=rows, n_chunks=n_chunks, when=unless, **refs)
+
+
+def _on_flagged(*, kernel: Callable, names: list[str], chunk: int, rows: dict[str, bool], flag_ref, **refs):
+    """A redo launch's program (:func:`_redo`): ``kernel`` on the chunks that ``flag_ref`` (``[R]``: the program's
+    chunks' flags) marks, on the refs ``names``; the aliased earlier outputs (``refs[NAME_first]``) are unused."""
+    pl.when(jnp.max(flag_ref[...]) > 0)(functools.partial(
+        chunk_by_chunk, kernel=kernel, chunk=chunk, rows=rows, n_chunks=flag_ref.shape[0],
+        when=lambda r: jnp.max(flag_ref[pl.ds(r, 1)]) > 0, **{n: refs[n] for n in names}))
+
+
+def _redo(kernel: Callable, name: str, launch: Launch, static: Static, grid: tuple, inputs: Operands,
+          outputs: Operands, previous: list[jax.Array], flags: jax.Array, R: int) -> list[jax.Array]:
+    """A launch that runs ``kernel`` again, in place, on the chunks that ``flags`` (``[B, HV or 1, 1, N]``) marks,
+    ``R`` consecutive chunks per program (a power of two dividing N); the other programs exit after one load. The
+    earlier launch's outputs ``previous`` are aliased to this one's."""
+    rows = {n: spec.block_shape[1] is not None for n, (_, spec) in (inputs | outputs).items()}
+    per_head = flags.shape[1] > 1
+    spec = pl.BlockSpec((None, None, None, R), lambda b, h, p: (b, h if per_head else 0, 0, p))
+    spans = _over(outputs, R)
+    earlier = {f"{n}_first": (x, spans[n][1]) for n, x in zip(outputs, previous, strict=True)}
+    program = functools.partial(_on_flagged, kernel=kernel, names=[*inputs, *outputs], chunk=static.chunk, rows=rows)
+    return call(program, name, launch, static, grid[:2] + (grid[2] // R,),
+                _over(inputs, R) | {"flag_ref": (flags, spec)} | earlier, spans,
+                {len(inputs) + 1 + i: i for i in range(len(outputs))})
+
+
+def _far_rows_only(kernel: Callable, inputs: Operands, outputs: Operands, gate: str, span: float, causal: bool,
+                   summed: bool) -> Callable:
+    """``kernel`` (with the levels) on one chunk, storing only the rows that one-reference diagonal blocks get wrong
+    (:func:`block_math.far_blocks`): the levels launch's chunk."""
 
     def redo_far_rows(**chunk_refs):
         gamma_ref = SummedGate(chunk_refs[gate]) if summed else chunk_refs[gate]
@@ -231,9 +265,14 @@ def _levels_on_far_rows(*, kernel: Callable, inputs: list[str], outputs: list[st
         kernel(**{name: chunk_refs[name] for name in inputs},
                **{name: FarRowsOnly(chunk_refs[name], far) for name in outputs})
 
-    pl.when(jnp.max(far_ref[...]) > 0)(functools.partial(
-        chunk_by_chunk, kernel=redo_far_rows, chunk=chunk, rows=rows, n_chunks=far_ref.shape[0],
-        when=lambda r: jnp.max(far_ref[pl.ds(r, 1)]) > 0, **views))
+    return redo_far_rows
+
+
+def document_chunks(rel: jax.Array, C: int) -> jax.Array:
+    """XLA: ``[B, 1, 1, N]`` float32, 1 where a chunk (of ``C`` rows) has a row of a new document (``rel [B, T]``
+    of ``reference.chunk_segments`` above 0)."""
+    B, T = rel.shape
+    return jnp.any(rel.reshape(B, T // C, C) > 0, axis=2)[:, None, None, :].astype(F32)
 
 
 def far_chunks(gamma: jax.Array, span: float, C: int, cumulated: bool = True) -> jax.Array:
@@ -268,32 +307,34 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     tests). Otherwise one launch with the levels. Where the kernels sum the gate, the kernel reads ``inputs[gate]``
     as sums and, ``dgate`` given, stores its output ``dgate`` reverse-summed (:func:`summing_gate`).
     ``per_program``: chunks per program of the first launch (``RecurrentConfig.chunks_per_program_at``; the greatest
-    common divisor of it and N), looped over in turn."""
+    common divisor of it and N), looped over in turn.
+
+    Packed documents (``inputs["rel_ref"]``): the first launch is the kernel without them, on the chunks inside one
+    document only (the others exit after one load); a launch ``name_documents`` (one chunk per program, so that
+    short documents keep every chunk in parallel) then runs the kernel with ``rel_ref`` on the chunks where a new
+    document starts (:func:`document_chunks`), before the levels launch, which takes ``rel_ref`` too. So the masks
+    cost only where documents meet and the common chunk runs the kernel as tuned."""
     gamma = inputs[gate][0]
     span = gate_span(static, gamma, next(iter(inputs.values()))[0].dtype)
     summed = static.cfg.sums_gate(gamma.ndim == 4, static.chunk)
     kernel = summing_gate(kernel, static, gamma, gate, dgate)
     N = grid[2]
-    rows = {n: spec.block_shape[1] is not None for n, (_, spec) in (inputs | outputs).items()}
-    redo = bool(span) and redo_far
-    far = far_chunks(gamma, span, static.chunk, cumulated=not summed) if redo else None
+    plain = {n: x for n, x in inputs.items() if n != "rel_ref"}
+    rows = {n: spec.block_shape[1] is not None for n, (_, spec) in (plain | outputs).items()}
+    docs = document_chunks(inputs["rel_ref"][0], static.chunk) if "rel_ref" in inputs else None
     P = math.gcd(N, per_program)
-    if P > 1:
-        first = call(functools.partial(chunk_by_chunk, kernel=functools.partial(kernel, span=span),
-                                       chunk=static.chunk, rows=rows, n_chunks=P),
-                     name, launch, static, grid[:2] + (N // P,), _over(inputs, P), _over(outputs, P))
-    else:
-        first = call(functools.partial(kernel, span=span), name, launch, static, grid, inputs, outputs)
-    if not redo:
-        return first
+    first_inputs = plain if P == 1 else _over(plain, P)
+    if docs is not None:
+        first_inputs |= {"skip_ref": (docs, pl.BlockSpec((None, None, None, P), lambda b, h, p: (b, 0, 0, p)))}
+    outs = call(functools.partial(_chunks, kernel=functools.partial(kernel, span=span), chunk=static.chunk,
+                                  rows=rows, n_chunks=P),
+                name, launch, static, grid[:2] + (N // P,), first_inputs, outputs if P == 1 else _over(outputs, P))
+    if docs is not None:
+        outs = _redo(functools.partial(kernel, span=span), f"{name}_documents", launch, static, grid, inputs,
+                     outputs, outs, docs, R=1)
+    if not (span and redo_far):
+        return outs
     R = math.gcd(N, 1 << (max(1, static.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
-    flags = pl.BlockSpec((None, None, None, R), lambda b, h, p: (b, h, 0, p))
-    levels = functools.partial(_levels_on_far_rows, kernel=functools.partial(kernel, span=0.0), inputs=list(inputs),
-                               outputs=list(outputs), gate=gate, span=span, causal=causal, chunk=static.chunk,
-                               rows=rows, summed=summed)
-    spans = _over(outputs, R)
-    previous = {f"{n}_first": (x, spans[n][1]) for n, x in zip(outputs, first, strict=True)}
-    n_in = len(inputs)
-    return call(levels, f"{name}_levels", launch, static, grid[:2] + (N // R,),
-                _over(inputs, R) | {"far_ref": (far, flags)}
-                | previous, spans, {n_in + 1 + i: i for i in range(len(outputs))})
+    levels = _far_rows_only(functools.partial(kernel, span=0.0), inputs, outputs, gate, span, causal, summed)
+    far = far_chunks(gamma, span, static.chunk, cumulated=not summed)
+    return _redo(levels, f"{name}_levels", launch, static, grid, inputs, outputs, outs, far, R)

@@ -14,18 +14,14 @@ The gate's cumulative sums are untouched (every exponent kept is a difference wi
 ``jnp.where`` on a factor that is at most 1 (or on a product of such factors), so nothing masked can overflow
 or turn into NaN. Without ``segment_ids`` no kernel calls anything here (the kernels' IR is unchanged).
 
-A chunk-parallel kernel runs its chunk through :func:`per_chunk`: the masked form only on chunks where a new
-document starts, the unmasked one (exact there) on chunks inside one document, so the masks cost only where
-documents meet.
+The chunk-parallel kernels get ``rel`` only on the chunks where a new document starts (and on the rare chunks
+the levels launch redoes): ``launch.diagonal_launches`` runs every other chunk through the kernel without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
 
 class Documents:
@@ -55,19 +51,6 @@ class Documents:
 def load(ref, blocks) -> Documents | None:
     """:class:`Documents` of a chunk's ``rel`` ref (``[C]``), split by ``blocks(ref)``; ``None`` for no ref."""
     return None if ref is None else Documents(blocks(ref))
-
-
-def per_chunk(ref, blocks, body: Callable[[Documents | None], None]) -> None:
-    """``body(docs)`` on a chunk where a new document starts (``docs`` from ``ref``, ``[C]``, split by
-    ``blocks(ref)``), ``body(None)`` on a chunk inside the carried document (every mask there keeps all: the
-    unmasked kernel is the same function); ``ref`` None: ``body(None)``. ``body`` loads its own inputs and stores
-    its outputs."""
-    docs = load(ref, blocks)
-    if docs is None:
-        body(None)
-        return
-    pl.when(docs.last > 0)(lambda: body(docs))
-    pl.when(docs.last == 0)(lambda: body(None))
 
 
 def pairs(m: list[list[jax.Array]], docs: Documents | None) -> list[list[jax.Array]]:

@@ -126,6 +126,8 @@ CASES = [
     _recurrence_case("gla_fwd_bwd_segments", delta=False, backward=True, segments=True),
     _recurrence_case("kda_fwd_bwd_split_grad_segments", delta=True, backward=True, per_key=True, split=True,
                      segments=True),
+    _recurrence_case("gdn_fwd_bwd_chunks_per_program_segments", delta=True, backward=True, per_program=4,
+                     segments=True),
     _recurrence_case("gdn_fwd_bwd_output_in_state_hdh_segments", delta=True, backward=True, output_in_state=True,
                      hdh=True, segments=True),
     _attention_case(300, 48, 32, segments=True),

@@ -30,8 +30,7 @@ def segment_ids(T: int, starts: list[list[int]]) -> jax.Array:
 
 # T = 37 in chunks of 16: starts at a chunk's first row (16, 32) and last (15, 31), several per chunk, one-token
 # documents (5, 6, ...), the ragged tail's last token (36); together every row position of a 16-row chunk. The
-# second row's last chunk (rows 32-36, and at chunk 32 rows 32-63) lies inside one document that began earlier: the
-# kernels take their unmasked form there (segments.per_chunk).
+# second row's last chunk (rows 32-36, and at chunk 32 rows 32-63) lies inside one document that began earlier.
 STARTS = [[1, 5, 6, 15, 16, 18, 19, 23, 26, 29, 31, 32, 34, 36], [8, 9, 11, 12, 14, 17, 24, 28, 30]]
 
 
@@ -95,7 +94,7 @@ def test_xla_chunked_form_with_every_boundary_position(kind, chunk):
 
 # every kernel variant the segment masks touch: the split gradient pass (its WY launch), the output in the forward
 # state pass (P from wy), hdh from the reverse state pass, two V tiles, the kernels summing the gate, two chunks
-# per program
+# per program (at T = 59: four chunks of 16, the last ragged; the documents of STARTS, then one to the end)
 VARIANTS = dict(split_grad_from=0, output_in_state=True, state_bwd_hdh_from=0, block_v=16,
                 gate_cumsum_in_kernels=True, chunks_per_program=2, chunks_per_program_from=0)
 
@@ -104,10 +103,13 @@ VARIANTS = dict(split_grad_from=0, output_in_state=True, state_bwd_hdh_from=0, b
                                                     ("gdn", 16, True), ("kda", 16, True)])
 def test_pallas_kernels_with_documents(kind, chunk, variants):
     """Values, final state and every input's gradient against the naive recurrence with resets (float32).
-    KDA at chunk 32: two 16-row blocks per chunk, and gates of -20 make the levels launches redo far rows."""
-    inputs, weights = inputs_for(kind, 2, B=len(STARTS))
+    KDA at chunk 32: two 16-row blocks per chunk, and gates of -20 make the levels launches redo far rows. The
+    chunk-parallel launches run the chunks inside one document without the masks and the others with them
+    (``launch.diagonal_launches``): the second row's last chunk is of the first kind."""
+    T = 59 if variants else 37
+    inputs, weights = inputs_for(kind, 2, B=len(STARTS), T=T)
     config = dataclasses.replace(tuning.recurrent_config(per_key=kind == "kda"), **(VARIANTS if variants else {}))
-    seg = segment_ids(37, STARTS)
+    seg = segment_ids(T, STARTS)
     compare(with_segments(pallas(chunk, config), seg), with_segments(naive, seg), inputs, weights, tol=5e-5)
 
 

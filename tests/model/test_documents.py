@@ -102,8 +102,9 @@ def test_packed_documents_bfloat16_on_gpu(impl):
     """bfloat16 compute at the 300M configs' head dims (GDN K=V=64, KDA K=32 V=64, Mamba2 64/64, MLA qk 64 v 64):
     packing adds no error. Against each document alone in float32 (XLA forms), the packed bfloat16 run's error is
     at most 1.25x (+1e-3) that of each document alone in bfloat16 through the same kernels, for the logits and for
-    the gradients (the RMS over parameters of each one's relative error); each document's bfloat16 logits, packed
-    and alone, also agree within 2e-2. Prints the errors as one JSON line."""
+    the gradients (the RMS over parameters of each one's relative error). (Two bfloat16 runs of one document that
+    round differently are 2-3e-2 apart in the logits of this 8-layer model, the error each has against float32.)
+    Prints the errors as one JSON line."""
     cfg = load_config("demo").model
     cfg.update(dict(kernel_impl=impl, reset_positions=True, dtype="bfloat16", chunk_size=0, hidden_size=256,
                     vocab_size=4096))
@@ -126,8 +127,7 @@ def test_packed_documents_bfloat16_on_gpu(impl):
     print("packed_bf16", json.dumps(e))
     assert e["logits_packed"] <= 1.25 * e["logits_alone"] + 1e-3, e
     assert e["grads_packed"] <= 1.25 * e["grads_alone"] + 1e-3, e
-    assert e["packed_vs_alone_logits"] <= 2e-2, e
-    assert e["without_ids"] > 3 * e["packed_vs_alone_logits"], e
+    assert e["without_ids"] > 3 * e["logits_alone"], e  # the check resolves documents that interact
 
 
 def test_short_conv_reads_no_tap_of_another_document():
