@@ -120,6 +120,10 @@ class Specs:
         """``[T]`` of a ``[B, T]`` tensor."""
         return pl.BlockSpec((None, self.T), lambda b, h, v: (b, 0))
 
+    def per_chunk_seq(self, N: int) -> pl.BlockSpec:
+        """``[N]`` of a ``[B, N]`` tensor (one value per chunk, shared by all heads)."""
+        return pl.BlockSpec((None, N), lambda b, h, v: (b, 0))
+
     def state_seq(self, K: int) -> pl.BlockSpec:
         """``[K, BV]``: this V tile of a ``[B, HV, K, V]`` state."""
         return pl.BlockSpec((None, None, K, self.BV), lambda b, h, v: (b, h, 0, v))
