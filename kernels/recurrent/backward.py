@@ -59,8 +59,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       p_ref=None,  # [T, C]: P from the forward, else recomputed (scalar gate only)
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
                       hdh_ref=None,  # [N, K] out, float32: sum_v h dh per chunk (this V tile's part)
-                      code_ref=None,  # [T] int32: packed documents, with keep_ref (segments.row_codes)
-                      keep_ref=None,  # [N] float32
+                      code_ref=None,  # [T] int32: packed documents (segments.row_codes)
                       chunk: int, n_chunks: int, scale: float):
     """Reverse sequential pass for one (batch, head, V tile). Per chunk (last to first), with ``ds`` the gradient of
     the state at the chunk's end::
@@ -84,7 +83,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
         do = do_ref[rows, :]
-        docs = segs.load_rows(code_ref, keep_ref, rows, c)
+        docs = segs.load_rows(code_ref, rows)
         if p_ref is None:
             p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None],
                                                   (i <= j) if docs is None else (i <= j) & docs.same_as_later(chunk))
@@ -190,8 +189,7 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     if hdh:
         inputs["h_ref"] = (res.h, s.snapshots_seq(d.N, d.K))
     if res.rel is not None:
-        code, keep = segs.row_codes(res.rel, C)
-        inputs |= {"code_ref": (code, s.seg_seq()), "keep_ref": (keep, s.per_chunk_seq(d.N))}
+        inputs["code_ref"] = (segs.row_codes(res.rel, C), s.seg_seq())
     outputs = {"dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
                "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq()),
                "dh0_ref": (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))}

@@ -120,10 +120,6 @@ class Specs:
         """``[T]`` of a ``[B, T]`` tensor."""
         return pl.BlockSpec((None, self.T), lambda b, h, v: (b, 0))
 
-    def per_chunk_seq(self, N: int) -> pl.BlockSpec:
-        """``[N]`` of a ``[B, N]`` tensor (one value per chunk, shared by all heads)."""
-        return pl.BlockSpec((None, N), lambda b, h, v: (b, 0))
-
     def state_seq(self, K: int) -> pl.BlockSpec:
         """``[K, BV]``: this V tile of a ``[B, HV, K, V]`` state."""
         return pl.BlockSpec((None, None, K, self.BV), lambda b, h, v: (b, h, 0, v))
@@ -314,10 +310,10 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     common divisor of it and N), looped over in turn.
 
     Packed documents (``inputs["rel_ref"]``): the first launch is the kernel without them, on the chunks inside one
-    document only (the others exit after one load); a launch ``name_documents`` (one chunk per program, so that
-    short documents keep every chunk in parallel) then runs the kernel with ``rel_ref`` on the chunks where a new
-    document starts (:func:`document_chunks`), before the levels launch, which takes ``rel_ref`` too. So the masks
-    cost only where documents meet and the common chunk runs the kernel as tuned."""
+    document only (the others exit after one load); a launch ``name_documents`` then runs the kernel with
+    ``rel_ref`` on the chunks where a new document starts (:func:`document_chunks`), as many chunks per program as
+    the levels launch takes, before the levels launch, which takes ``rel_ref`` too. So the masks cost only where
+    documents meet and the common chunk runs the kernel as tuned."""
     gamma = inputs[gate][0]
     span = gate_span(static, gamma, next(iter(inputs.values()))[0].dtype)
     summed = static.cfg.sums_gate(gamma.ndim == 4, static.chunk)
@@ -333,12 +329,12 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     outs = call(functools.partial(_chunks, kernel=functools.partial(kernel, span=span), chunk=static.chunk,
                                   rows=rows, n_chunks=P),
                 name, launch, static, grid[:2] + (N // P,), first_inputs, outputs if P == 1 else _over(outputs, P))
+    R = math.gcd(N, 1 << (max(1, static.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
     if docs is not None:
         outs = _redo(functools.partial(kernel, span=span), f"{name}_documents", launch, static, grid, inputs,
-                     outputs, outs, docs, R=1)
+                     outputs, outs, docs, R)
     if not (span and redo_far):
         return outs
-    R = math.gcd(N, 1 << (max(1, static.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
     levels = _far_rows_only(functools.partial(kernel, span=0.0), inputs, outputs, gate, span, causal, summed)
     far = far_chunks(gamma, span, static.chunk, cumulated=not summed)
     return _redo(levels, f"{name}_levels", launch, static, grid, inputs, outputs, outs, far, R)
