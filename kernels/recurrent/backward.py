@@ -59,7 +59,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       p_ref=None,  # [T, C]: P from the forward, else recomputed (scalar gate only)
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
                       hdh_ref=None,  # [N, K] out, float32: sum_v h dh per chunk (this V tile's part)
-                      code_ref=None,  # [T] int32: packed documents (segments.row_codes)
+                      rel_ref=None,  # [T] int32: packed documents (segments.py)
                       chunk: int, n_chunks: int, scale: float):
     """Reverse sequential pass for one (batch, head, V tile). Per chunk (last to first), with ``ds`` the gradient of
     the state at the chunk's end::
@@ -67,7 +67,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
     With ``hdh_ref`` also ``sum_v h ds``, ``h`` the state at the chunk's start: the gradient pass's
-    ``d(gamma_last)`` term of the state decay. With ``code_ref`` every product follows the chunk's documents, as in
+    ``d(gamma_last)`` term of the state decay. With ``rel_ref`` every product follows the chunk's documents, as in
     the forward (``segments``)."""
     cd = q_ref.dtype
     i, j = bm.iota(chunk)
@@ -83,10 +83,10 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
         do = do_ref[rows, :]
-        docs = segs.load_rows(code_ref, rows)
+        docs = segs.load(rel_ref, lambda r: [r[rows]])
         if p_ref is None:
             p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None],
-                                                  (i <= j) if docs is None else (i <= j) & docs.same_as_later(chunk))
+                                                  (i <= j) if docs is None else (i <= j) & docs.same(0, 0))
                    * scale).astype(cd)
         else:
             p_t = p_ref[rows, :].T
@@ -189,7 +189,7 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     if hdh:
         inputs["h_ref"] = (res.h, s.snapshots_seq(d.N, d.K))
     if res.rel is not None:
-        inputs["code_ref"] = (segs.row_codes(res.rel, C), s.seg_seq())
+        inputs["rel_ref"] = (res.rel, s.seg_seq())
     outputs = {"dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
                "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq()),
                "dh0_ref": (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))}

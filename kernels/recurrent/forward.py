@@ -82,11 +82,11 @@ def _state_kernel(*, k_ref,  # [T, K]
                   q_ref=None,  # [T, K]: with o_ref
                   p_ref=None,  # [T, C]: with o_ref
                   o_ref=None,  # [T, BV] out (RecurrentConfig.output_in_state)
-                  code_ref=None,  # [T] int32: packed documents (segments.row_codes)
+                  rel_ref=None,  # [T] int32: packed documents (segments.py)
                   chunk: int, n_chunks: int, scale: float | None = None):
     """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state; with ``o_ref`` also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the snapshot
-    is). With ``code_ref`` the start-state terms and the update follow the chunk's documents (``segments``)."""
+    is). With ``rel_ref`` the start-state terms and the update follow the chunk's documents (``segments``)."""
     cd = k_ref.dtype
 
     def body(c, s):
@@ -95,7 +95,7 @@ def _state_kernel(*, k_ref,  # [T, K]
         k = k_ref[rows, :]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
-        docs = segs.load_rows(code_ref, rows)
+        docs = segs.load(rel_ref, lambda r: [r[rows]])
         v_new = u_ref[rows, :].astype(F32)
         if w_ref is not None:
             v_new = v_new - bm.dot(w_ref[rows, :], s.astype(cd))
@@ -173,7 +173,7 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
     if with_o:
         inputs |= {"q_ref": (q, s.qk_seq(d.K)), "p_ref": (p, s.rows_seq(C))}
     if rel is not None:
-        inputs["code_ref"] = (segs.row_codes(rel, C), s.seg_seq())
+        inputs["rel_ref"] = (rel, s.seg_seq())
     tile = (sds((d.B, d.T, d.HV, d.V), k.dtype), s.vtile_seq())  # v_new, o: [B,T,HV,V] outputs in V tiles
     outputs = {"h_ref": (sds((d.B, d.N, d.HV, d.K, d.V), k.dtype), s.snapshots_seq(d.N, d.K))}
     if delta:

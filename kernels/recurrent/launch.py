@@ -310,10 +310,10 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     common divisor of it and N), looped over in turn.
 
     Packed documents (``inputs["rel_ref"]``): the first launch is the kernel without them, on the chunks inside one
-    document only (the others exit after one load); a launch ``name_documents`` then runs the kernel with
-    ``rel_ref`` on the chunks where a new document starts (:func:`document_chunks`), as many chunks per program as
-    the levels launch takes, before the levels launch, which takes ``rel_ref`` too. So the masks cost only where
-    documents meet and the common chunk runs the kernel as tuned."""
+    document only (the others exit after one load); a launch ``name_documents`` (one chunk per program, so that
+    short documents keep every chunk in parallel) then runs the kernel with ``rel_ref`` on the chunks where a new
+    document starts (:func:`document_chunks`), before the levels launch, which takes ``rel_ref`` too. So the masks
+    cost only where documents meet and the common chunk runs the kernel as tuned."""
     gamma = inputs[gate][0]
     span = gate_span(static, gamma, next(iter(inputs.values()))[0].dtype)
     summed = static.cfg.sums_gate(gamma.ndim == 4, static.chunk)
@@ -329,12 +329,12 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     outs = call(functools.partial(_chunks, kernel=functools.partial(kernel, span=span), chunk=static.chunk,
                                   rows=rows, n_chunks=P),
                 name, launch, static, grid[:2] + (N // P,), first_inputs, outputs if P == 1 else _over(outputs, P))
-    R = math.gcd(N, 1 << (max(1, static.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
     if docs is not None:
         outs = _redo(functools.partial(kernel, span=span), f"{name}_documents", launch, static, grid, inputs,
-                     outputs, outs, docs, R)
+                     outputs, outs, docs, R=1)
     if not (span and redo_far):
         return outs
+    R = math.gcd(N, 1 << (max(1, static.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
     levels = _far_rows_only(functools.partial(kernel, span=0.0), inputs, outputs, gate, span, causal, summed)
     far = far_chunks(gamma, span, static.chunk, cumulated=not summed)
     return _redo(levels, f"{name}_levels", launch, static, grid, inputs, outputs, outs, far, R)

@@ -16,16 +16,12 @@ or turn into NaN. Without ``segment_ids`` no kernel calls anything here (the ker
 
 The chunk-parallel kernels get ``rel`` only on the chunks where a new document starts (and on the rare chunks
 the levels launch redoes): ``launch.diagonal_launches`` runs every other chunk through the kernel without it.
-The sequential state passes, whose every instruction is on the chain from one chunk to the next, read instead
-per-row codes that XLA derives from ``rel`` (:func:`row_codes`): :class:`RowDocuments` needs one reduction per
-chunk, at the end of its work, and each of its masks one compare, in the orientation it is used in.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 
 class Documents:
@@ -77,47 +73,3 @@ def in_last(x: jax.Array, docs: Documents | None, i: int = 0) -> jax.Array:
 def start_decay(x: jax.Array, docs: Documents | None) -> jax.Array:
     """The start state's decay factor ``x`` (any shape), 0 where the chunk ends in a new document."""
     return x if docs is None else jnp.where(docs.ends_carried(), x, 0.0)
-
-
-def row_codes(rel: jax.Array, C: int) -> jax.Array:
-    """XLA: the documents of ``rel [B, T]`` (``reference.chunk_segments``, chunks of ``C`` rows) as the sequential
-    passes read them: ``[B, T]`` int32 per row, ``4 * start + 2 * in_last + carried`` (``start``: the row of the
-    chunk where the row's document begins, 0 for the carried one; ``in_last``: the row is in the chunk's last
-    document; ``carried``: it continues the carried state)."""
-    B, T = rel.shape
-    r = rel.reshape(B, T // C, C)
-    row = jnp.arange(C, dtype=jnp.int32)
-    begins = jnp.concatenate([jnp.ones_like(r[..., :1], bool), r[..., 1:] != r[..., :-1]], axis=-1)
-    start = lax.cummax(jnp.where(begins, row, 0), axis=2)
-    code = 4 * start + 2 * (r == r[..., -1:]).astype(jnp.int32) + (r == 0).astype(jnp.int32)
-    return code.reshape(B, T)
-
-
-class RowDocuments:
-    """The document structure of one chunk of a sequential pass, from its rows' codes (``[C]`` int32, loaded with
-    the chunk's rows) of :func:`row_codes`; the interface of :class:`Documents` for one block."""
-
-    def __init__(self, code: jax.Array):
-        self.code = code
-
-    def carried(self, i: int = 0) -> jax.Array:
-        return ((self.code & 1) != 0)[:, None]
-
-    def in_last(self, i: int = 0) -> jax.Array:
-        return ((self.code & 2) != 0)[:, None]
-
-    def ends_carried(self) -> jax.Array:
-        """Scalar bool: the chunk's last row continues the carried state (one reduction, at the end of the chunk's
-        work)."""
-        last = lax.broadcasted_iota(jnp.int32, self.code.shape, 0) == self.code.shape[0] - 1
-        return jnp.max(jnp.where(last, self.code & 1, 0)) > 0
-
-    def same_as_later(self, C: int) -> jax.Array:
-        """``[C, C]`` bool, for pairs ``a <= b`` (row ``a``, column ``b``): row ``a`` is in column ``b``'s document."""
-        return lax.broadcasted_iota(jnp.int32, (C, C), 0) >= (self.code >> 2)[None, :]
-
-
-def load_rows(code_ref, rows) -> RowDocuments | None:
-    """:class:`RowDocuments` of the rows ``rows`` (one chunk) of a sequential pass's ``code_ref [T]``; None for no
-    ref."""
-    return None if code_ref is None else RowDocuments(code_ref[rows])
