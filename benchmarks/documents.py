@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--every", type=int, default=512, help="tokens per document")
     ap.add_argument("--only", nargs="*", default=None, help="shape names (benchmarks/shapes.py) to run")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--no-attention", action="store_true", help="the recurrent kernels only")
     ap.add_argument("--stages", action="store_true", help="also time each recurrent launch stage alone")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     args = ap.parse_args(argv)
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         seg = jnp.broadcast_to(jnp.arange(shape.T, dtype=jnp.int32) // min(args.every, shape.T), (shape.B, shape.T))
         none, docs = (recurrent_ms(shape, s, impl, args.repeats) for s in (None, seg))
         rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs, ratio=docs / none))
+        print(f"recurrent  {shape.name}: x{docs / none:.3f}", flush=True)
         if args.stages:
             op = "kda" if shape.per_key else "gdn" if shape.delta else "gla"
             cfg = recurrent_config(per_key=shape.per_key, op=op, dims=(shape.K, shape.V))
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                                 for e in (None, every, cfg.chunk))
             rows += [dict(part="stage", shape=f"{shape.name}.{n}", none_ms=none[n], documents_ms=docs[n],
                           ratio=docs[n] / none[n], every_chunk_ms=each[n]) for n in none]
-    attention = {"smoke": (1, 64, 2, 16, 16)} if args.smoke else ATTENTION_SHAPES
+    attention = {} if args.no_attention else {"smoke": (1, 64, 2, 16, 16)} if args.smoke else ATTENTION_SHAPES
     for name, dims in attention.items():
         B, T = dims[:2]
         seg = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) // min(args.every, T), (B, T))
