@@ -1,14 +1,14 @@
 """Compile our Pallas kernels for a GPU that is not there, and report what each launch needs.
 
     python -m benchmarks kernel_resources [--arch sm90 gfx942 gfx950] [--only kda_anchor ...] [--attention]
-                                          [--variant grad.num_warps=4 ...]
+                                          [--variant grad.num_warps=4 ...] [--documents]
     ncu --section LaunchStats python -m benchmarks kernel_resources --run --only kda_1b   (on the GPU: the same
                                           launches, once each, for Nsight Compute to measure)
 
 Each kernel is lowered as on the device: forward + backward, the table's launches for the target arch. Its Triton
 IR then goes through the ``triton`` package's compiler (PTX and SASS for sm90, AMDGCN for gfx942 / gfx950), with no
 GPU. ``--variant`` (``kernels.tuning.override``'s syntax) also compiles the recurrent kernels with changed
-launches or options. Per launch it prints:
+launches or options; ``--documents``: with packed documents (``segment_ids``) as well. Per launch it prints:
 - the registers per thread, and the spill instructions (SASS ``STL`` / ``LDL``) or AMDGCN's VGPR spill count;
 - the shared memory (LDS) against the target's, flagging a launch that could not start there;
 - on sm90, the SASS instruction count, the barriers, the tensor-core instructions (``HMMA``; ``HGMMA`` is
@@ -143,17 +143,20 @@ def _sds(*shape, dtype=jnp.bfloat16) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def recurrence_case(s: Shape, arch: str, variant: str = "", T: int = 512) -> tuple[Callable, tuple]:
+def recurrence_case(s: Shape, arch: str, variant: str = "", T: int = 512, documents: bool = False
+                    ) -> tuple[Callable, tuple]:
     """Forward + backward of ``chunk_recurrence`` at shape ``s`` (one sequence of ``T`` tokens: the launches'
-    resources do not depend on B or T) with ``arch``'s table entry, changed by ``variant`` if given."""
+    resources do not depend on B or T) with ``arch``'s table entry, changed by ``variant`` if given;
+    ``documents``: with ``segment_ids`` (an int32 argument)."""
     config = recurrent_config(arch, per_key=s.per_key)
     config = override(config, variant) if variant else config
     g_shape = (1, T, s.HV, s.K) if s.per_key else (1, T, s.HV)
     args = (_sds(1, T, s.H, s.K), _sds(1, T, s.H, s.K), _sds(1, T, s.HV, s.V), _sds(*g_shape, dtype=jnp.float32),
-            _sds(1, T, s.HV))
+            _sds(1, T, s.HV)) + ((_sds(1, T, dtype=jnp.int32),) if documents else ())
 
-    def loss(q, k, v, g, beta):
-        o, _ = chunk_recurrence(q, k, v, g, beta if s.delta else None, use_qk_l2norm=True, config=config)
+    def loss(q, k, v, g, beta, segment_ids=None):
+        o, _ = chunk_recurrence(q, k, v, g, beta if s.delta else None, use_qk_l2norm=True, config=config,
+                                segment_ids=segment_ids)
         return o.astype(jnp.float32).sum()
 
     return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)), args  # the value too: grad alone drops the output pass
@@ -206,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="+", default=None, help="recurrent shapes (benchmarks/shapes.py), default all")
     ap.add_argument("--attention", action="store_true", help="also the attention shapes")
     ap.add_argument("--variant", action="append", default=[], help="FIELD=V[,KERNEL.FIELD=V] (benchmarks/kernels.py)")
+    ap.add_argument("--documents", action="store_true", help="also each recurrent case with packed documents")
     ap.add_argument("--run", action="store_true",
                     help="instead, run each recurrent case once on this machine's GPU (table of its arch), for a "
                          "profiler to measure the launches: ncu --section LaunchStats python -m ... --run")
@@ -221,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         for s in SHAPES:
             if args.only is None or s.name in args.only:
                 for variant in ["", *args.variant]:
-                    report(f"{s.name} {variant}".strip(), *recurrence_case(s, arch, variant), arch)
+                    for docs in (False, True) if args.documents else (False,):
+                        label = f"{s.name} {variant}{' documents' if docs else ''}".strip()
+                        report(label, *recurrence_case(s, arch, variant, documents=docs), arch)
         if args.attention:
             for dims in ATTENTION_SHAPES.values():
                 report(f"attention H{dims[2]} {dims[3]}/{dims[4]}", *attention_case(dims, arch), arch)
