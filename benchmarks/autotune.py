@@ -19,7 +19,7 @@ import time
 from benchmarks import record
 from benchmarks.kernels import SHAPES, stage_args, stage_ms
 from hybrid_jax.kernels.registry import OPS
-from hybrid_jax.kernels.tuning import current_arch, override
+from hybrid_jax.kernels.tuning import current_arch, override, recurrent_op
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     start = time.perf_counter()
     shapes = [s for s in SHAPES if s.name in args.shape]
-    op = OPS["kda" if shapes[0].per_key else "gdn" if shapes[0].delta else "gla"]
+    op = OPS[recurrent_op(shapes[0].per_key, shapes[0].delta)]
     best = op.config()  # KDA shapes start from (and print) the KDA table
     best = override(best, args.start) if args.start else best
     axes = op.search_space(best, shapes)

@@ -19,7 +19,7 @@ from benchmarks.kernels import stage_times
 from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
 from benchmarks.timing import median_ms
 from hybrid_jax.kernels import api
-from hybrid_jax.kernels.tuning import recurrent_config
+from hybrid_jax.kernels.tuning import recurrent_config, recurrent_op
 
 
 def _fwd_bwd(fn, *args):
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs, ratio=docs / none))
         print(f"recurrent  {shape.name}: x{docs / none:.3f}", flush=True)
         if args.stages:
-            op = "kda" if shape.per_key else "gdn" if shape.delta else "gla"
-            cfg = recurrent_config(per_key=shape.per_key, op=op, dims=(shape.K, shape.V))
+            cfg = recurrent_config(per_key=shape.per_key, op=recurrent_op(shape.per_key, shape.delta),
+                                   dims=(shape.K, shape.V))
             every = min(args.every, shape.T)
             none, docs, each = (stage_times(shape, cfg, args.repeats, interpret=args.smoke, every=e)
                                 for e in (None, every, cfg.chunk))

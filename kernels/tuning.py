@@ -210,6 +210,12 @@ def current_arch() -> str:
     return arch_of(dev.device_kind, dev.platform)
 
 
+def recurrent_op(per_key: bool, delta: bool) -> str:
+    """The op name (tuning files, ``kernels.registry.OPS``) of a chunked recurrence: ``kda`` with a per-key gate,
+    ``gdn`` with the delta rule, else ``gla`` (simple gated linear attention: Mamba2's SSD)."""
+    return "kda" if per_key else "gdn" if delta else "gla"
+
+
 def recurrent_config(arch: str | None = None, per_key: bool = False, op: str | None = None,
                      dims: tuple[int, int] | None = None) -> RecurrentConfig:
     """The recurrent-kernel config for ``arch``'s built-in table; ``per_key``: KDA's table. With ``arch=None`` (the

@@ -20,7 +20,7 @@ from hybrid_jax.kernels.recurrent.backward import Residuals, grad, state_bwd
 from hybrid_jax.kernels.recurrent.block_math import F32, SUB
 from hybrid_jax.kernels.recurrent.forward import output, state_fwd, wy
 from hybrid_jax.kernels.recurrent.launch import Static
-from hybrid_jax.kernels.tuning import RecurrentConfig, recurrent_config
+from hybrid_jax.kernels.tuning import RecurrentConfig, recurrent_config, recurrent_op
 
 
 def _forward(static: Static, q, k, v, gamma, beta, h0, rel) -> tuple[jax.Array, jax.Array, Residuals]:
@@ -155,7 +155,7 @@ def chunk_recurrence(
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    op = "kda" if g.ndim == 4 else "gdn" if beta is not None else "gla"
+    op = recurrent_op(per_key=g.ndim == 4, delta=beta is not None)
     config = config or recurrent_config(per_key=g.ndim == 4, op=op, dims=(_pow2_at_least_16(K), _pow2_at_least_16(V)))
     C = config.chunk if chunk_size is None else chunk_size
     if C < 16 or C & (C - 1):
