@@ -62,17 +62,17 @@ def stage_inputs(static: Static, q: jax.Array, k: jax.Array, v: jax.Array, g: ja
     ``output`` stage. ``rel [B,T]``: packed documents (``reference.chunk_segments``), passed to every stage."""
     gamma = kernel_gate(g.astype(jnp.float32), static.chunk, static.cfg)
     output_in_state = beta is not None and static.cfg.output_in_state
-    docs = () if rel is None else (rel,)
+    q_in_state = q if output_in_state else None
     args = {}
     u, w, t, p = v, None, None, None
     if beta is not None:
-        args["wy"] = (k, v, gamma, beta) + ((q,) if output_in_state else (None,) * len(docs)) + docs
+        args["wy"] = (k, v, gamma, beta, q_in_state, rel)
         u, w, t, *p_wy = wy(static, *args["wy"])
         p = p_wy[0] if output_in_state else None
-    args["state"] = (k, gamma, w, u, h0) + ((q, p) if output_in_state else (None, None) * len(docs)) + docs
+    args["state"] = (k, gamma, w, u, h0, q_in_state, p, rel)  # p: from wy (output_in_state), else None
     h, v_new, *_ = state_fwd(static, *args["state"])
     if not output_in_state:
-        args["output"] = (q, k, v_new, gamma, h) + docs
+        args["output"] = (q, k, v_new, gamma, h, rel)
         _, p = output(static, *args["output"])
     res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel)
     args["state_bwd"] = (res, do, h0)
