@@ -31,8 +31,9 @@ class Residuals(NamedTuple):
     them, ``v [B,T,HV,V]``, the kernels' gate ``gamma`` (float32, ``[B,T,HV]`` or ``[B,T,HV,K]``), ``beta [B,T,HV]``
     (None: no delta rule), ``w [B,T,HV,K]`` and ``t [B,T,HV,C]`` (``T``, row t of its chunk; None without the delta
     rule), the snapshots ``h [B,N,HV,K,V]``, ``v_new [B,T,HV,V]`` and ``p [B,T,HV,C]`` (None where the reverse pass
-    recomputes it: a scalar gate with the output launch); ``rel [B,T]`` int32, packed documents
-    (``reference.chunk_segments``), or None."""
+    recomputes it: a scalar gate with the output launch and no documents); ``rel [B,T]`` int32, packed documents
+    (``reference.chunk_segments``), or None; ``q_seq, k_seq``: ``q`` and ``k`` as the reverse state pass takes them
+    (masked, :func:`segments.sequential_qk`, with documents; else ``q`` and ``k`` themselves)."""
 
     q: jax.Array
     k: jax.Array
@@ -45,6 +46,8 @@ class Residuals(NamedTuple):
     v_new: jax.Array
     p: jax.Array | None
     rel: jax.Array | None = None
+    q_seq: jax.Array | None = None
+    k_seq: jax.Array | None = None
 
 
 def _state_bwd_kernel(*, q_ref,  # [T, K]
@@ -67,8 +70,8 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
     With ``hdh_ref`` also ``sum_v h ds``, ``h`` the state at the chunk's start: the gradient pass's
-    ``d(gamma_last)`` term of the state decay. With ``rel_ref`` every product follows the chunk's documents, as in
-    the forward (``segments``)."""
+    ``d(gamma_last)`` term of the state decay. With ``rel_ref`` (``q`` and ``k`` then masked by
+    ``segments.sequential_qk``, ``P`` given, masked) the start state's decay follows the chunk's documents."""
     cd = q_ref.dtype
     i, j = bm.iota(chunk)
 
@@ -85,15 +88,13 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         do = do_ref[rows, :]
         docs = segs.load(rel_ref, lambda r: [r[rows]])
         if p_ref is None:
-            p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None],
-                                                  (i <= j) if docs is None else (i <= j) & docs.same(0, 0))
-                   * scale).astype(cd)
+            p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], i <= j) * scale).astype(cd)
         else:
             p_t = p_ref[rows, :].T
-        k_end = (k.astype(F32) * segs.in_last(bm.per_column(jnp.exp(gamma_last - gamma)), docs)).astype(cd)
+        k_end = (k.astype(F32) * bm.per_column(jnp.exp(gamma_last - gamma))).astype(cd)
         dv_new = bm.dot(p_t, do) + bm.dot(k_end, ds.astype(cd))
         dv_new_ref[rows, :] = dv_new.astype(dv_new_ref.dtype)
-        qd = (q.astype(F32) * scale * segs.carried(bm.per_column(jnp.exp(gamma)), docs)).astype(cd)
+        qd = (q.astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
         ds = segs.start_decay(bm.state_decay(gamma_last), docs) * ds + bm.dot(qd.T, do)
         if w_ref is not None:
             ds = ds - bm.dot(w_ref[rows, :].T, dv_new.astype(cd))
@@ -180,7 +181,10 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     hdh = static.cfg.hdh_in_state_bwd(d.K, d.V)
     kernel = functools.partial(_state_bwd_kernel, chunk=C, n_chunks=d.N, scale=static.scale)
     kernel = summing_gate(kernel, static, res.gamma, "gamma_ref")
-    inputs = {"q_ref": (res.q, s.qk_seq(d.K)), "k_ref": (res.k, s.qk_seq(d.K)), "gamma_ref": (res.gamma, s.gate_seq())}
+    if res.rel is not None and (res.p is None or res.q_seq is None):
+        raise ValueError("state_bwd with packed documents takes the forward's P and the masked q_seq, k_seq")
+    q, k = (res.q, res.k) if res.rel is None else (res.q_seq, res.k_seq)
+    inputs = {"q_ref": (q, s.qk_seq(d.K)), "k_ref": (k, s.qk_seq(d.K)), "gamma_ref": (res.gamma, s.gate_seq())}
     if delta:
         inputs["w_ref"] = (res.w, s.rows_seq(d.K))
     if res.p is not None:

@@ -86,7 +86,8 @@ def _state_kernel(*, k_ref,  # [T, K]
                   chunk: int, n_chunks: int, scale: float | None = None):
     """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state; with ``o_ref`` also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the snapshot
-    is). With ``rel_ref`` the start-state terms and the update follow the chunk's documents (``segments``)."""
+    is). With ``rel_ref`` (``k`` and ``q`` then masked by ``segments.sequential_qk``) the start state's decay
+    follows the chunk's documents."""
     cd = k_ref.dtype
 
     def body(c, s):
@@ -101,9 +102,9 @@ def _state_kernel(*, k_ref,  # [T, K]
             v_new = v_new - bm.dot(w_ref[rows, :], s.astype(cd))
             v_new_ref[rows, :] = v_new.astype(v_new_ref.dtype)
         if o_ref is not None:
-            qd = (q_ref[rows, :].astype(F32) * scale * segs.carried(bm.per_column(jnp.exp(gamma)), docs)).astype(cd)
+            qd = (q_ref[rows, :].astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
             o_ref[rows, :] = (bm.dot(qd, s.astype(cd)) + bm.dot(p_ref[rows, :], v_new.astype(cd))).astype(o_ref.dtype)
-        k_end = (k.astype(F32) * segs.in_last(bm.per_column(jnp.exp(gamma_last - gamma)), docs)).astype(cd)
+        k_end = (k.astype(F32) * bm.per_column(jnp.exp(gamma_last - gamma))).astype(cd)
         return segs.start_decay(bm.state_decay(gamma_last), docs) * s + bm.dot(k_end.T, v_new.astype(cd))
 
     final_ref[...] = lax.fori_loop(0, n_chunks, body, h0_ref[...].astype(F32))
@@ -115,7 +116,7 @@ def _output_kernel(*, q_ref,  # [C, K]
                    gamma_ref,  # [C] or [C, K]
                    h_ref,  # [K, V]: the chunk's start state
                    o_ref,  # [C, V] out
-                   p_ref=None,  # [C, C] out: P, for the reverse state pass (per-key gate)
+                   p_ref=None,  # [C, C] out: P, for the reverse state pass (per-key gate, packed documents)
                    rel_ref=None,  # [C] int32: packed documents (segments.py)
                    scale: float, span: float):
     """One chunk: ``o = (scale Q exp(gamma)) h + P v_new``, ``P = incl_lower(scale Q K^T decay)``; with ``rel_ref``
@@ -160,7 +161,7 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
     """-> ``h [B,N,HV,K,V]`` (state at each chunk start), ``v_new [B,T,HV,V]`` (delta rule only: ``w`` given,
     else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32 and, with ``q`` and ``P`` (from
     :func:`wy`; ``RecurrentConfig.output_in_state``), the output ``o [B,T,HV,V]`` (input dtype). ``rel``: see
-    :func:`wy`."""
+    :func:`wy`; with it ``q`` and ``k`` are masked (``segments.sequential_qk``)."""
     d = dims(static, k, u, gamma)
     s, C = d.specs, static.chunk
     delta, with_o = w is not None, q is not None
@@ -193,19 +194,20 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
 
 def output(static: Static, q, k, v_new, gamma, h, rel=None, redo_far: bool = True
            ) -> tuple[jax.Array, jax.Array | None]:
-    """-> ``o [B,T,HV,V]`` and, with a per-key gate, ``P [B,T,HV,C]`` (row t of its chunk, input dtype), else
-    None. ``redo_far``: see :func:`launch.diagonal_launches`; ``rel``: see :func:`wy`."""
+    """-> ``o [B,T,HV,V]`` and, with a per-key gate or packed documents, ``P [B,T,HV,C]`` (row t of its chunk, input
+    dtype; masked to the documents), for the reverse state pass, else None. ``redo_far``: see
+    :func:`launch.diagonal_launches`; ``rel``: see :func:`wy`."""
     d = dims(static, q, v_new, gamma)
     s, C = d.specs, static.chunk
-    per_key = gamma.ndim == 4
+    with_p = gamma.ndim == 4 or rel is not None
     inputs = {"q_ref": (q, s.qk(d.K)), "k_ref": (k, s.qk(d.K)), "v_new_ref": (v_new, s.rows(d.V)),
               "gamma_ref": (gamma, s.gate()), "h_ref": (h, s.snapshot(d.K, d.V))}
     if rel is not None:
         inputs["rel_ref"] = (rel, s.seg())
     outputs = {"o_ref": (sds((d.B, d.T, d.HV, d.V), v_new.dtype), s.rows(d.V))}
-    if per_key:
+    if with_p:
         outputs["p_ref"] = (sds((d.B, d.T, d.HV, C), q.dtype), s.rows(C))
     outs = diagonal_launches(functools.partial(_output_kernel, scale=static.scale), "output_fwd", static.cfg.output,
                              static, (d.B, d.HV, d.N), inputs, outputs, gate="gamma_ref", causal=True,
                              redo_far=redo_far, per_program=static.cfg.chunks_per_program_at(d.K, d.V))
-    return outs[0], (outs[1] if per_key else None)
+    return outs[0], (outs[1] if with_p else None)

@@ -16,6 +16,7 @@ from hybrid_jax.kernels.recurrent.backward import Residuals, grad, state_bwd
 from hybrid_jax.kernels.recurrent.forward import output, state_fwd, wy
 from hybrid_jax.kernels.recurrent.launch import Static
 from hybrid_jax.kernels.recurrent.op import kernel_gate
+from hybrid_jax.kernels.recurrent.segments import sequential_qk
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
 
 LAUNCHES = tuple(Launch(w, s) for w in (2, 4, 8) for s in (1, 2, 3))
@@ -59,22 +60,26 @@ def stage_inputs(static: Static, q: jax.Array, k: jax.Array, v: jax.Array, g: ja
     """The arguments of each stage (``STAGES[name](static, *args)``) on these inputs (T a multiple of the chunk, head
     dims powers of two >= 16, ``q`` and ``k`` as the kernels take them), computed by running the stages before it.
     With ``output_in_state`` (delta rule) ``wy`` also takes ``q``, ``state`` also ``q`` and ``P``, and there is no
-    ``output`` stage. ``rel [B,T]``: packed documents (``reference.chunk_segments``), passed to every stage."""
+    ``output`` stage. ``rel [B,T]``: packed documents (``reference.chunk_segments``), passed to every stage (the state
+    passes then take ``q`` and ``k`` masked, ``segments.sequential_qk``, as the op does)."""
     gamma = kernel_gate(g.astype(jnp.float32), static.chunk, static.cfg)
     output_in_state = beta is not None and static.cfg.output_in_state
     q_in_state = q if output_in_state else None
+    q_seq, k_seq = (q, k) if rel is None else sequential_qk(q, k, rel, static.chunk)
     args = {}
     u, w, t, p = v, None, None, None
     if beta is not None:
         args["wy"] = (k, v, gamma, beta, q_in_state, rel)
         u, w, t, *p_wy = wy(static, *args["wy"])
         p = p_wy[0] if output_in_state else None
-    args["state"] = (k, gamma, w, u, h0, q_in_state, p, rel)  # p: from wy (output_in_state), else None
+    # p: from wy (output_in_state), else None
+    args["state"] = (k_seq, gamma, w, u, h0, q_seq if output_in_state else None, p, rel)
     h, v_new, *_ = state_fwd(static, *args["state"])
     if not output_in_state:
         args["output"] = (q, k, v_new, gamma, h, rel)
         _, p = output(static, *args["output"])
-    res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel)
+    res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel,
+                    *((None, None) if rel is None else (q_seq, k_seq)))
     args["state_bwd"] = (res, do, h0)
     dh, dv_new, _, hdh = state_bwd(static, *args["state_bwd"])
     args["grad"] = (res, dh, hdh, dv_new if beta is not None else None, do)

@@ -14,6 +14,11 @@ The gate's cumulative sums are untouched (every exponent kept is a difference wi
 ``jnp.where`` on a factor that is at most 1 (or on a product of such factors), so nothing masked can overflow
 or turn into NaN. Without ``segment_ids`` no kernel calls anything here (the kernels' IR is unchanged).
 
+The sequential state passes apply no row mask: they take ``q`` zeroed outside each chunk's carried document and
+``k`` zeroed outside its last one (:func:`sequential_qk`, XLA; ``w`` is zero there already, from the masked
+``wy``), and the reverse pass takes the forward's masked ``P``; in the kernel only the start state's decay
+(:func:`start_decay`) follows the documents.
+
 The chunk-parallel kernels get ``rel`` only on the chunks where a new document starts (and on the rare chunks
 the levels launch redoes): ``launch.diagonal_launches`` runs every other chunk through the kernel without it.
 """
@@ -73,3 +78,15 @@ def in_last(x: jax.Array, docs: Documents | None, i: int = 0) -> jax.Array:
 def start_decay(x: jax.Array, docs: Documents | None) -> jax.Array:
     """The start state's decay factor ``x`` (any shape), 0 where the chunk ends in a new document."""
     return x if docs is None else jnp.where(docs.ends_carried(), x, 0.0)
+
+
+def sequential_qk(q: jax.Array, k: jax.Array, rel: jax.Array, C: int) -> tuple[jax.Array, jax.Array]:
+    """XLA: ``q, k [B,T,H,K]`` as the sequential state passes take them with packed documents (``rel [B,T]``, chunks
+    of ``C`` rows): ``q`` zero on rows outside their chunk's carried document (the start-state term ``Q exp(gamma)
+    h`` keeps only those rows), ``k`` zero on rows outside their chunk's last document (the state update's sum
+    keeps only those)."""
+    B, T = rel.shape
+    chunks = rel.reshape(B, T // C, C)
+    in_last = (chunks == chunks[:, :, -1:]).reshape(B, T)[:, :, None, None]
+    carried = (rel == 0)[:, :, None, None]
+    return jnp.where(carried, q, jnp.zeros_like(q)), jnp.where(in_last, k, jnp.zeros_like(k))
