@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels.recurrent import block_math as bm
@@ -62,7 +61,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       p_ref=None,  # [T, C]: P from the forward, else recomputed (scalar gate only)
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
                       hdh_ref=None,  # [N, K] out, float32: sum_v h dh per chunk (this V tile's part)
-                      rel_ref=None,  # [T] int32: packed documents (segments.py)
+                      keep_ref=None,  # [N] float32: packed documents (segments.chunk_keeps)
                       chunk: int, n_chunks: int, scale: float):
     """Reverse sequential pass for one (batch, head, V tile). Per chunk (last to first), with ``ds`` the gradient of
     the state at the chunk's end::
@@ -70,12 +69,12 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
     With ``hdh_ref`` also ``sum_v h ds``, ``h`` the state at the chunk's start: the gradient pass's
-    ``d(gamma_last)`` term of the state decay. With ``rel_ref`` (``q`` and ``k`` then masked by
+    ``d(gamma_last)`` term of the state decay. With ``keep_ref`` (``q`` and ``k`` then masked by
     ``segments.sequential_qk``, ``P`` given, masked) the start state's decay follows the chunk's documents."""
     cd = q_ref.dtype
     i, j = bm.iota(chunk)
 
-    def body(step, ds):
+    def body(step, ds, keep):
         c = n_chunks - 1 - step
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
         dh_ref[c] = ds.astype(dh_ref.dtype)
@@ -86,7 +85,6 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
         do = do_ref[rows, :]
-        docs = segs.load(rel_ref, lambda r: [r[rows]])
         if p_ref is None:
             p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], i <= j) * scale).astype(cd)
         else:
@@ -95,12 +93,12 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         dv_new = bm.dot(p_t, do) + bm.dot(k_end, ds.astype(cd))
         dv_new_ref[rows, :] = dv_new.astype(dv_new_ref.dtype)
         qd = (q.astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
-        ds = segs.start_decay(bm.state_decay(gamma_last), docs) * ds + bm.dot(qd.T, do)
+        ds = segs.kept(bm.state_decay(gamma_last), keep) * ds + bm.dot(qd.T, do)
         if w_ref is not None:
             ds = ds - bm.dot(w_ref[rows, :].T, dv_new.astype(cd))
         return ds
 
-    dh0_ref[...] = lax.fori_loop(0, n_chunks, body, dfinal_ref[...].astype(F32))
+    dh0_ref[...] = segs.loop_over_chunks(body, n_chunks, dfinal_ref[...].astype(F32), keep_ref, reverse=True)
 
 
 def _grad_kernel(*, q_ref,  # [C, K]
@@ -193,7 +191,7 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     if hdh:
         inputs["h_ref"] = (res.h, s.snapshots_seq(d.N, d.K))
     if res.rel is not None:
-        inputs["rel_ref"] = (res.rel, s.seg_seq())
+        inputs["keep_ref"] = (segs.chunk_keeps(res.rel, C), s.chunks_seq(d.N))
     outputs = {"dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
                "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq()),
                "dh0_ref": (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))}
@@ -203,7 +201,7 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     # hdh is not staged: offline at the KDA anchor the launch's shared memory did not change)
     isz = res.q.dtype.itemsize
     stage = C * (d.K * isz * (3 if delta else 2) + gate_bytes(res.gamma) + (C * isz if res.p is not None else 0)
-                 + d.BV * do.dtype.itemsize + (4 if res.rel is not None else 0))
+                 + d.BV * do.dtype.itemsize)
     launch = fit_stages(static.cfg.state_bwd, stage, static.cfg.shared_memory)
     outs = call(kernel, "state_bwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
     return (*outs[:3], jnp.sum(outs[3], axis=3) if hdh else None)

@@ -18,7 +18,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels.recurrent import block_math as bm
@@ -82,21 +81,20 @@ def _state_kernel(*, k_ref,  # [T, K]
                   q_ref=None,  # [T, K]: with o_ref
                   p_ref=None,  # [T, C]: with o_ref
                   o_ref=None,  # [T, BV] out (RecurrentConfig.output_in_state)
-                  rel_ref=None,  # [T] int32: packed documents (segments.py)
+                  keep_ref=None,  # [N] float32: packed documents (segments.chunk_keeps)
                   chunk: int, n_chunks: int, scale: float | None = None):
     """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state; with ``o_ref`` also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the snapshot
-    is). With ``rel_ref`` (``k`` and ``q`` then masked by ``segments.sequential_qk``) the start state's decay
+    is). With ``keep_ref`` (``k`` and ``q`` then masked by ``segments.sequential_qk``) the start state's decay
     follows the chunk's documents."""
     cd = k_ref.dtype
 
-    def body(c, s):
+    def body(c, s, keep):
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
         h_ref[c] = s.astype(h_ref.dtype)
         k = k_ref[rows, :]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
-        docs = segs.load(rel_ref, lambda r: [r[rows]])
         v_new = u_ref[rows, :].astype(F32)
         if w_ref is not None:
             v_new = v_new - bm.dot(w_ref[rows, :], s.astype(cd))
@@ -105,9 +103,9 @@ def _state_kernel(*, k_ref,  # [T, K]
             qd = (q_ref[rows, :].astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
             o_ref[rows, :] = (bm.dot(qd, s.astype(cd)) + bm.dot(p_ref[rows, :], v_new.astype(cd))).astype(o_ref.dtype)
         k_end = (k.astype(F32) * bm.per_column(jnp.exp(gamma_last - gamma))).astype(cd)
-        return segs.start_decay(bm.state_decay(gamma_last), docs) * s + bm.dot(k_end.T, v_new.astype(cd))
+        return segs.kept(bm.state_decay(gamma_last), keep) * s + bm.dot(k_end.T, v_new.astype(cd))
 
-    final_ref[...] = lax.fori_loop(0, n_chunks, body, h0_ref[...].astype(F32))
+    final_ref[...] = segs.loop_over_chunks(body, n_chunks, h0_ref[...].astype(F32), keep_ref)
 
 
 def _output_kernel(*, q_ref,  # [C, K]
@@ -174,7 +172,7 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
     if with_o:
         inputs |= {"q_ref": (q, s.qk_seq(d.K)), "p_ref": (p, s.rows_seq(C))}
     if rel is not None:
-        inputs["rel_ref"] = (rel, s.seg_seq())
+        inputs["keep_ref"] = (segs.chunk_keeps(rel, C), s.chunks_seq(d.N))
     tile = (sds((d.B, d.T, d.HV, d.V), k.dtype), s.vtile_seq())  # v_new, o: [B,T,HV,V] outputs in V tiles
     outputs = {"h_ref": (sds((d.B, d.N, d.HV, d.K, d.V), k.dtype), s.snapshots_seq(d.N, d.K))}
     if delta:
@@ -185,7 +183,7 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
     # one chunk's loads (k, gate, w, u tile; q, P): a pipeline stage's shared memory
     isz = k.dtype.itemsize
     stage = C * (d.K * isz * (2 if delta else 1) + gate_bytes(gamma) + d.BV * u.dtype.itemsize
-                 + ((d.K + C) * isz if with_o else 0) + (4 if rel is not None else 0))
+                 + ((d.K + C) * isz if with_o else 0))
     launch = fit_stages(static.cfg.state, stage, static.cfg.shared_memory)
     h, *tiles, final = call(kernel, "state_fwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
     v_new = tiles[0] if delta else u

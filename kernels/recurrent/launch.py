@@ -116,9 +116,9 @@ class Specs:
             return pl.BlockSpec((None, self.T, None), lambda b, h, v: (b, 0, h))
         return self.rows_seq(self.gate_k)
 
-    def seg_seq(self) -> pl.BlockSpec:
-        """``[T]`` of a ``[B, T]`` tensor."""
-        return pl.BlockSpec((None, self.T), lambda b, h, v: (b, 0))
+    def chunks_seq(self, N: int) -> pl.BlockSpec:
+        """``[N]`` of a ``[B, N]`` tensor (one value per chunk, shared by all heads)."""
+        return pl.BlockSpec((None, N), lambda b, h, v: (b, 0))
 
     def state_seq(self, K: int) -> pl.BlockSpec:
         """``[K, BV]``: this V tile of a ``[B, HV, K, V]`` state."""

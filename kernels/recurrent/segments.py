@@ -17,7 +17,8 @@ or turn into NaN. Without ``segment_ids`` no kernel calls anything here (the ker
 The sequential state passes apply no row mask: they take ``q`` zeroed outside each chunk's carried document and
 ``k`` zeroed outside its last one (:func:`sequential_qk`, XLA; ``w`` is zero there already, from the masked
 ``wy``), and the reverse pass takes the forward's masked ``P``; in the kernel only the start state's decay
-(:func:`start_decay`) follows the documents.
+follows the documents, through one factor per chunk (:func:`chunk_keeps`) loaded an iteration ahead
+(:func:`loop_over_chunks`), so that no load or reduction of the documents is on the pass's sequential chain.
 
 The chunk-parallel kernels get ``rel`` only on the chunks where a new document starts (and on the rare chunks
 the levels launch redoes): ``launch.diagonal_launches`` runs every other chunk through the kernel without it.
@@ -25,8 +26,11 @@ the levels launch redoes): ``launch.diagonal_launches`` runs every other chunk t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 class Documents:
@@ -90,3 +94,34 @@ def sequential_qk(q: jax.Array, k: jax.Array, rel: jax.Array, C: int) -> tuple[j
     in_last = (chunks == chunks[:, :, -1:]).reshape(B, T)[:, :, None, None]
     carried = (rel == 0)[:, :, None, None]
     return jnp.where(carried, q, jnp.zeros_like(q)), jnp.where(in_last, k, jnp.zeros_like(k))
+
+
+def chunk_keeps(rel: jax.Array, C: int) -> jax.Array:
+    """XLA: ``[B, N]`` float32, 1 where a chunk (of ``C`` rows of ``rel [B,T]``) ends in its carried document (the
+    start state's decay is kept), else 0."""
+    B, T = rel.shape
+    return (rel.reshape(B, T // C, C)[:, :, -1] == 0).astype(jnp.float32)
+
+
+def loop_over_chunks(body: Callable, n_chunks: int, init: jax.Array, keep_ref=None, reverse: bool = False
+                     ) -> jax.Array:
+    """``lax.fori_loop`` of ``body(step, state, keep)`` over ``n_chunks`` steps from ``init`` -> the final state.
+    ``keep``: None without ``keep_ref``; else the step's chunk's :func:`chunk_keeps` factor (``keep_ref [N]``; the
+    chunk of step ``i`` is ``i``, or ``N - 1 - i`` with ``reverse``), loaded one step ahead and carried."""
+    if keep_ref is None:
+        return lax.fori_loop(0, n_chunks, lambda i, state: body(i, state, None), init)
+
+    def chunk(i):
+        return n_chunks - 1 - i if reverse else i
+
+    def step(i, carry):
+        state, keep = carry
+        ahead = keep_ref[chunk(jnp.minimum(i + 1, n_chunks - 1))]
+        return body(i, state, keep), ahead
+
+    return lax.fori_loop(0, n_chunks, step, (init, keep_ref[chunk(0)]))[0]
+
+
+def kept(decay: jax.Array, keep: jax.Array | None) -> jax.Array:
+    """The start state's decay factor ``decay``, 0 where ``keep`` (:func:`chunk_keeps`; None: kept) is 0."""
+    return decay if keep is None else jnp.where(keep > 0, decay, 0.0)
