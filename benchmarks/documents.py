@@ -23,7 +23,8 @@ from hybrid_jax.kernels.tuning import recurrent_config, recurrent_op
 
 
 def _fwd_bwd(fn, *args):
-    """``fn(*args) -> (o, final)``, jitted forward plus the gradient of every float input."""
+    """``fn(*args) -> o``, jitted: the forward's value and the gradient of every float input (the value too, as in
+    training: under ``jax.grad`` alone XLA drops a launch whose only output is ``o``)."""
     floats = tuple(i for i, x in enumerate(args) if x is not None and jnp.issubdtype(x.dtype, jnp.floating))
 
     def loss(*xs):
@@ -32,7 +33,7 @@ def _fwd_bwd(fn, *args):
             full[i] = x
         return jnp.sum(fn(*full).astype(jnp.float32))
 
-    return jax.jit(jax.grad(loss, argnums=tuple(range(len(floats))))), [args[i] for i in floats]
+    return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(floats))))), [args[i] for i in floats]
 
 
 def recurrent_ms(shape: Shape, segment_ids, impl: str, repeats: int) -> float:
