@@ -12,7 +12,8 @@ keeps, of the chunk's products:
 
 The gate's cumulative sums are untouched (every exponent kept is a difference within one document). A mask is a
 ``jnp.where`` on a factor that is at most 1 (or on a product of such factors), so nothing masked can overflow
-or turn into NaN. Without ``segment_ids`` no kernel calls anything here (the kernels' IR is unchanged).
+or turn into NaN (a zeroed input row meets the same factors). Without ``segment_ids`` the kernels' IR is the one
+without documents (:func:`loop_over_chunks` is then a plain ``fori_loop``).
 
 The sequential state passes apply no row mask: they take ``q`` zeroed outside each chunk's carried document and
 ``k`` zeroed outside its last one (:func:`sequential_qk`, XLA; ``w`` is zero there already, from the masked
