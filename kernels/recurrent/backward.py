@@ -32,7 +32,7 @@ class Residuals(NamedTuple):
     rule), the snapshots ``h [B,N,HV,K,V]``, ``v_new [B,T,HV,V]`` and ``p [B,T,HV,C]`` (None where the reverse pass
     recomputes it: a scalar gate with the output launch and no documents); ``rel [B,T]`` int32, packed documents
     (``reference.chunk_segments``), or None; ``q_seq, k_seq``: ``q`` and ``k`` as the reverse state pass takes them
-    (masked, :func:`segments.sequential_qk`, with documents; else ``q`` and ``k`` themselves)."""
+    (:func:`segments.sequential_qk`: masked with documents, else ``q`` and ``k`` themselves)."""
 
     q: jax.Array
     k: jax.Array
@@ -44,9 +44,9 @@ class Residuals(NamedTuple):
     h: jax.Array
     v_new: jax.Array
     p: jax.Array | None
-    rel: jax.Array | None = None
-    q_seq: jax.Array | None = None
-    k_seq: jax.Array | None = None
+    rel: jax.Array | None
+    q_seq: jax.Array
+    k_seq: jax.Array
 
 
 def _state_bwd_kernel(*, q_ref,  # [T, K]
@@ -179,10 +179,10 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     hdh = static.cfg.hdh_in_state_bwd(d.K, d.V)
     kernel = functools.partial(_state_bwd_kernel, chunk=C, n_chunks=d.N, scale=static.scale)
     kernel = summing_gate(kernel, static, res.gamma, "gamma_ref")
-    if res.rel is not None and (res.p is None or res.q_seq is None):
-        raise ValueError("state_bwd with packed documents takes the forward's P and the masked q_seq, k_seq")
-    q, k = (res.q, res.k) if res.rel is None else (res.q_seq, res.k_seq)
-    inputs = {"q_ref": (q, s.qk_seq(d.K)), "k_ref": (k, s.qk_seq(d.K)), "gamma_ref": (res.gamma, s.gate_seq())}
+    if res.rel is not None and res.p is None:
+        raise ValueError("state_bwd with packed documents takes the forward's masked P")
+    inputs = {"q_ref": (res.q_seq, s.qk_seq(d.K)), "k_ref": (res.k_seq, s.qk_seq(d.K)),
+              "gamma_ref": (res.gamma, s.gate_seq())}
     if delta:
         inputs["w_ref"] = (res.w, s.rows_seq(d.K))
     if res.p is not None:

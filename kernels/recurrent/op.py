@@ -27,14 +27,13 @@ from hybrid_jax.kernels.tuning import RecurrentConfig, recurrent_config, recurre
 def _forward(static: Static, q, k, v, gamma, beta, h0, rel) -> tuple[jax.Array, jax.Array, Residuals]:
     """Padded inputs (``rel``: packed documents, ``reference.chunk_segments``, or None) -> ``(o, final state,
     residuals)``."""
-    q_seq, k_seq = (None, None) if rel is None else sequential_qk(q, k, rel, static.chunk)
+    q_seq, k_seq = sequential_qk(q, k, rel, static.chunk)
     if beta is not None and static.cfg.output_in_state:
         u, w, t, p = wy(static, k, v, gamma, beta, q, rel=rel)
-        h, v_new, final, o = state_fwd(static, k if rel is None else k_seq, gamma, w, u, h0,
-                                       q if rel is None else q_seq, p, rel=rel)
+        h, v_new, final, o = state_fwd(static, k_seq, gamma, w, u, h0, q_seq, p, rel=rel)
         return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
     u, w, t = wy(static, k, v, gamma, beta, rel=rel) if beta is not None else (v, None, None)
-    h, v_new, final = state_fwd(static, k if rel is None else k_seq, gamma, w, u, h0, rel=rel)
+    h, v_new, final = state_fwd(static, k_seq, gamma, w, u, h0, rel=rel)
     o, p = output(static, q, k, v_new, gamma, h, rel=rel)
     return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
 

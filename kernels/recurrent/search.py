@@ -65,21 +65,19 @@ def stage_inputs(static: Static, q: jax.Array, k: jax.Array, v: jax.Array, g: ja
     gamma = kernel_gate(g.astype(jnp.float32), static.chunk, static.cfg)
     output_in_state = beta is not None and static.cfg.output_in_state
     q_in_state = q if output_in_state else None
-    q_seq, k_seq = (q, k) if rel is None else sequential_qk(q, k, rel, static.chunk)
+    q_seq, k_seq = sequential_qk(q, k, rel, static.chunk)
     args = {}
     u, w, t, p = v, None, None, None
     if beta is not None:
         args["wy"] = (k, v, gamma, beta, q_in_state, rel)
         u, w, t, *p_wy = wy(static, *args["wy"])
         p = p_wy[0] if output_in_state else None
-    # p: from wy (output_in_state), else None
-    args["state"] = (k_seq, gamma, w, u, h0, q_seq if output_in_state else None, p, rel)
+    args["state"] = (k_seq, gamma, w, u, h0, q_seq if output_in_state else None, p, rel)  # p: from wy, or None
     h, v_new, *_ = state_fwd(static, *args["state"])
     if not output_in_state:
         args["output"] = (q, k, v_new, gamma, h, rel)
         _, p = output(static, *args["output"])
-    res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel,
-                    *((None, None) if rel is None else (q_seq, k_seq)))
+    res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
     args["state_bwd"] = (res, do, h0)
     dh, dv_new, _, hdh = state_bwd(static, *args["state_bwd"])
     args["grad"] = (res, dh, hdh, dv_new if beta is not None else None, do)

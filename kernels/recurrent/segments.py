@@ -85,11 +85,13 @@ def start_decay(x: jax.Array, docs: Documents | None) -> jax.Array:
     return x if docs is None else jnp.where(docs.ends_carried(), x, 0.0)
 
 
-def sequential_qk(q: jax.Array, k: jax.Array, rel: jax.Array, C: int) -> tuple[jax.Array, jax.Array]:
-    """XLA: ``q, k [B,T,H,K]`` as the sequential state passes take them with packed documents (``rel [B,T]``, chunks
-    of ``C`` rows): ``q`` zero on rows outside their chunk's carried document (the start-state term ``Q exp(gamma)
-    h`` keeps only those rows), ``k`` zero on rows outside their chunk's last document (the state update's sum
-    keeps only those)."""
+def sequential_qk(q: jax.Array, k: jax.Array, rel: jax.Array | None, C: int) -> tuple[jax.Array, jax.Array]:
+    """XLA: ``q, k [B,T,H,K]`` as the sequential state passes take them: with packed documents (``rel [B,T]``,
+    chunks of ``C`` rows) ``q`` zero on rows outside their chunk's carried document (the start-state term ``Q
+    exp(gamma) h`` keeps only those rows) and ``k`` zero on rows outside their chunk's last document (the state
+    update's sum keeps only those); ``rel`` None: ``q`` and ``k`` themselves."""
+    if rel is None:
+        return q, k
     B, T = rel.shape
     chunks = rel.reshape(B, T // C, C)
     in_last = (chunks == chunks[:, :, -1:]).reshape(B, T)[:, :, None, None]

@@ -408,7 +408,7 @@ def kda_stage_inputs(seed: int, fall_rows: tuple[int, ...], T: int = 48, levels_
     h, v_new, _ = recurrent.state_fwd(static, k, gamma, w, u, h0)
     _, p = recurrent.output(static, q, k, v_new, gamma, h)
     do = weights[0].astype(v.dtype)
-    res = recurrent.Residuals(q, k, v, gamma, beta, w, t, h, v_new, p)
+    res = recurrent.Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, None, q, k)
     dh, dv_new, _, hdh = recurrent.state_bwd(static, res, do, weights[1])
     assert (hdh is not None) == want_hdh
     return static, {"wy": (k, v, gamma, beta), "wy_p": (k, v, gamma, beta, q), "output": (q, k, v_new, gamma, h),
