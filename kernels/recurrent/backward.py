@@ -30,9 +30,10 @@ class Residuals(NamedTuple):
     them, ``v [B,T,HV,V]``, the kernels' gate ``gamma`` (float32, ``[B,T,HV]`` or ``[B,T,HV,K]``), ``beta [B,T,HV]``
     (None: no delta rule), ``w [B,T,HV,K]`` and ``t [B,T,HV,C]`` (``T``, row t of its chunk; None without the delta
     rule), the snapshots ``h [B,N,HV,K,V]``, ``v_new [B,T,HV,V]`` and ``p [B,T,HV,C]`` (None where the reverse pass
-    recomputes it: a scalar gate with the output launch and no documents); ``rel [B,T]`` int32, packed documents
-    (``reference.chunk_segments``), or None; ``q_seq, k_seq``: ``q`` and ``k`` as the reverse state pass takes them
-    (:func:`segments.sequential_qk`: masked with documents, else ``q`` and ``k`` themselves)."""
+    recomputes it: a scalar gate with the output launch and, with documents, no delta rule); ``rel [B,T]`` int32,
+    packed documents (``reference.chunk_segments``), or None; ``q_seq, k_seq``: ``q`` and ``k`` as the sequential
+    state passes take them (:func:`segments.sequential_qk`: masked with documents, else ``q`` and ``k``
+    themselves; the reverse pass takes ``q``, ``k`` where it recomputes ``P`` with documents)."""
 
     q: jax.Array
     k: jax.Array
@@ -62,6 +63,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
                       hdh_ref=None,  # [N, K] out, float32: sum_v h dh per chunk (this V tile's part)
                       keep_ref=None,  # [N] float32: packed documents (segments.chunk_keeps)
+                      rel_ref=None,  # [T] int32: packed documents, P recomputed (no delta rule; q, k unmasked)
                       chunk: int, n_chunks: int, scale: float):
     """Reverse sequential pass for one (batch, head, V tile). Per chunk (last to first), with ``ds`` the gradient of
     the state at the chunk's end::
@@ -69,8 +71,11 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
     With ``hdh_ref`` also ``sum_v h ds``, ``h`` the state at the chunk's start: the gradient pass's
-    ``d(gamma_last)`` term of the state decay. With ``keep_ref`` (``q`` and ``k`` then masked by
-    ``segments.sequential_qk``, ``P`` given, masked) the start state's decay follows the chunk's documents."""
+    ``d(gamma_last)`` term of the state decay. With ``keep_ref`` the start state's decay follows the chunk's
+    documents; ``q`` and ``k`` are then masked by ``segments.sequential_qk`` and ``P`` given, masked, or (no delta
+    rule) ``rel_ref`` given: the pass masks ``q``, ``k`` and the recomputed ``P`` itself. ``w`` is not masked per
+    row, so the first form is the delta rule's; without it the second saves the output launch writing ``P`` and
+    this pass reading it, for a ``[C]`` load per chunk that is not on the ``ds`` chain."""
     cd = q_ref.dtype
     i, j = bm.iota(chunk)
 
@@ -86,7 +91,13 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         gamma_last = bm.row(gamma, -1)
         do = do_ref[rows, :]
         if p_ref is None:
-            p_t = (bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], i <= j) * scale).astype(cd)
+            p_t = bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], i <= j) * scale
+            if rel_ref is not None:
+                rel = rel_ref[rows]
+                p_t = jnp.where(rel[:, None] == rel[None, :], p_t, 0.0)
+                q = jnp.where((rel == 0)[:, None], q, jnp.zeros_like(q))  # as segments.sequential_qk
+                k = jnp.where((rel == jnp.max(rel))[:, None], k, jnp.zeros_like(k))
+            p_t = p_t.astype(cd)
         else:
             p_t = p_ref[rows, :].T
         k_end = (k.astype(F32) * bm.per_column(jnp.exp(gamma_last - gamma))).astype(cd)
@@ -179,9 +190,12 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     hdh = static.cfg.hdh_in_state_bwd(d.K, d.V)
     kernel = functools.partial(_state_bwd_kernel, chunk=C, n_chunks=d.N, scale=static.scale)
     kernel = summing_gate(kernel, static, res.gamma, "gamma_ref")
-    if res.rel is not None and res.p is None:
-        raise ValueError("state_bwd with packed documents takes the forward's masked P")
-    inputs = {"q_ref": (res.q_seq, s.qk_seq(d.K)), "k_ref": (res.k_seq, s.qk_seq(d.K)),
+    masks = res.rel is not None and res.p is None  # the kernel masks q, k and the recomputed P itself
+    if masks and (delta or res.gamma.ndim == 4):
+        raise ValueError("state_bwd with packed documents and the delta rule or a per-key gate takes the forward's "
+                         "masked P")
+    q, k = (res.q, res.k) if masks else (res.q_seq, res.k_seq)
+    inputs = {"q_ref": (q, s.qk_seq(d.K)), "k_ref": (k, s.qk_seq(d.K)),
               "gamma_ref": (res.gamma, s.gate_seq())}
     if delta:
         inputs["w_ref"] = (res.w, s.rows_seq(d.K))
@@ -192,16 +206,18 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
         inputs["h_ref"] = (res.h, s.snapshots_seq(d.N, d.K))
     if res.rel is not None:
         inputs["keep_ref"] = (segs.chunk_keeps(res.rel, C), s.chunks_seq(d.N))
+    if masks:
+        inputs["rel_ref"] = (res.rel, s.tokens_seq())
     outputs = {"dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
                "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq()),
                "dh0_ref": (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))}
     if hdh:
         outputs["hdh_ref"] = (sds((d.B, d.N, d.HV, d.V // d.BV, d.K), F32), s.keys_per_vtile_seq(d.N, d.K))
-    # one chunk's loads (q, k, gate, w, P, dO tile): a pipeline stage's shared memory (the snapshot tile read for
+    # one chunk's loads (q, k, gate, w, P, dO tile, rel): a pipeline stage's shared memory (the snapshot tile read for
     # hdh is not staged: offline at the KDA anchor the launch's shared memory did not change)
     isz = res.q.dtype.itemsize
     stage = C * (d.K * isz * (3 if delta else 2) + gate_bytes(res.gamma) + (C * isz if res.p is not None else 0)
-                 + d.BV * do.dtype.itemsize)
+                 + d.BV * do.dtype.itemsize + (4 if masks else 0))
     launch = fit_stages(static.cfg.state_bwd, stage, static.cfg.shared_memory)
     outs = call(kernel, "state_bwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
     return (*outs[:3], jnp.sum(outs[3], axis=3) if hdh else None)

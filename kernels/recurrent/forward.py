@@ -190,14 +190,14 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
     return (h, v_new, final, tiles[-1]) if with_o else (h, v_new, final)
 
 
-def output(static: Static, q, k, v_new, gamma, h, rel=None, redo_far: bool = True
+def output(static: Static, q, k, v_new, gamma, h, rel=None, delta: bool = False, redo_far: bool = True
            ) -> tuple[jax.Array, jax.Array | None]:
-    """-> ``o [B,T,HV,V]`` and, with a per-key gate or packed documents, ``P [B,T,HV,C]`` (row t of its chunk, input
-    dtype; masked to the documents), for the reverse state pass, else None. ``redo_far``: see
-    :func:`launch.diagonal_launches`; ``rel``: see :func:`wy`."""
+    """-> ``o [B,T,HV,V]`` and, with a per-key gate or with packed documents and the delta rule (``delta``), ``P
+    [B,T,HV,C]`` (row t of its chunk, input dtype; masked to the documents), for the reverse state pass, else None
+    (the pass recomputes it). ``redo_far``: see :func:`launch.diagonal_launches`; ``rel``: see :func:`wy`."""
     d = dims(static, q, v_new, gamma)
     s, C = d.specs, static.chunk
-    with_p = gamma.ndim == 4 or rel is not None
+    with_p = gamma.ndim == 4 or (rel is not None and delta)
     inputs = {"q_ref": (q, s.qk(d.K)), "k_ref": (k, s.qk(d.K)), "v_new_ref": (v_new, s.rows(d.V)),
               "gamma_ref": (gamma, s.gate()), "h_ref": (h, s.snapshot(d.K, d.V))}
     if rel is not None:

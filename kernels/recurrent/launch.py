@@ -120,6 +120,10 @@ class Specs:
         """``[N]`` of a ``[B, N]`` tensor (one value per chunk, shared by all heads)."""
         return pl.BlockSpec((None, N), lambda b, h, v: (b, 0))
 
+    def tokens_seq(self) -> pl.BlockSpec:
+        """``[T]`` of a ``[B, T]`` tensor (packed documents: one value per token, shared by all heads)."""
+        return pl.BlockSpec((None, self.T), lambda b, h, v: (b, 0))
+
     def state_seq(self, K: int) -> pl.BlockSpec:
         """``[K, BV]``: this V tile of a ``[B, HV, K, V]`` state."""
         return pl.BlockSpec((None, None, K, self.BV), lambda b, h, v: (b, h, 0, v))

@@ -34,7 +34,7 @@ def _forward(static: Static, q, k, v, gamma, beta, h0, rel) -> tuple[jax.Array, 
         return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
     u, w, t = wy(static, k, v, gamma, beta, rel=rel) if beta is not None else (v, None, None)
     h, v_new, final = state_fwd(static, k_seq, gamma, w, u, h0, rel=rel)
-    o, p = output(static, q, k, v_new, gamma, h, rel=rel)
+    o, p = output(static, q, k, v_new, gamma, h, rel=rel, delta=beta is not None)
     return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
 
 

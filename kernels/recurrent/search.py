@@ -75,7 +75,7 @@ def stage_inputs(static: Static, q: jax.Array, k: jax.Array, v: jax.Array, g: ja
     args["state"] = (k_seq, gamma, w, u, h0, q_seq if output_in_state else None, p, rel)  # p: from wy, or None
     h, v_new, *_ = state_fwd(static, *args["state"])
     if not output_in_state:
-        args["output"] = (q, k, v_new, gamma, h, rel)
+        args["output"] = (q, k, v_new, gamma, h, rel, beta is not None)
         _, p = output(static, *args["output"])
     res = Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
     args["state_bwd"] = (res, do, h0)
