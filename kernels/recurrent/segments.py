@@ -17,9 +17,12 @@ without documents (:func:`loop_over_chunks` is then a plain ``fori_loop``).
 
 The sequential state passes apply no row mask: they take ``q`` zeroed outside each chunk's carried document and
 ``k`` zeroed outside its last one (:func:`sequential_qk`, XLA; ``w`` is zero there already, from the masked
-``wy``), and the reverse pass takes the forward's masked ``P``; in the kernel only the start state's decay
-follows the documents, through one factor per chunk (:func:`chunk_keeps`) loaded an iteration ahead
-(:func:`loop_over_chunks`), so that no load or reduction of the documents is on the pass's sequential chain.
+``wy``), and the reverse pass takes the forward's masked ``P``; on the sequential chain only the start state's
+decay follows the documents, through one factor per chunk (:func:`chunk_keeps`) loaded an iteration ahead
+(:func:`loop_over_chunks`), so that no load or reduction of the documents is on it. Without the delta rule
+(Mamba2's SSD) the reverse pass instead masks ``q``, ``k`` and its recomputed ``P`` itself from each chunk's
+``rel`` (``backward.state_bwd``): there the masks feed no ``w`` term and so stay off the chain, and no ``P`` is
+written and read.
 
 The chunk-parallel kernels get ``rel`` only on the chunks where a new document starts (and on the rare chunks
 the levels launch redoes): ``launch.diagonal_launches`` runs every other chunk through the kernel without it.
