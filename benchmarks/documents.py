@@ -1,16 +1,20 @@
 """Packed documents (``segment_ids``): the recurrent kernels and flash attention, fwd+bwd, with a document boundary
 every ``--every`` tokens against none, at the shapes of ``benchmarks/shapes.py``; prints the ratio per shape.
 
-    python -m benchmarks documents [--every 512] [--only gdn_300m kda_300m] [--stages] [--smoke]
+    python -m benchmarks documents [--every 512] [--only gdn_300m kda_300m] [--stages] [--profile] [--smoke]
 
-``--stages``: also each recurrent launch stage alone (``benchmarks.kernels.stage_times``) with no documents, a
-boundary every ``--every`` tokens, and one in every chunk (every chunk takes the masked form).
+``--profile``: also the device time per call of each launch and XLA op, with and without documents (a profiler
+trace of a few calls), largest difference first. ``--stages``: also each recurrent launch stage alone
+(``benchmarks.kernels.stage_times``) with no documents, a boundary every ``--every`` tokens, and one in every chunk
+(every chunk takes the masked form).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +22,7 @@ import jax.numpy as jnp
 from benchmarks.kernels import stage_times
 from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
 from benchmarks.timing import median_ms
+from benchmarks.trace_summary import summarize
 from hybrid_jax.kernels import api
 from hybrid_jax.kernels.tuning import recurrent_config, recurrent_op
 
@@ -36,7 +41,8 @@ def _fwd_bwd(fn, *args):
     return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(floats))))), [args[i] for i in floats]
 
 
-def recurrent_ms(shape: Shape, segment_ids, impl: str, repeats: int) -> float:
+def recurrent_fwd_bwd(shape: Shape, segment_ids, impl: str):
+    """-> the jitted fwd+bwd of the recurrent op at ``shape`` (bf16 inputs) and its float inputs."""
     ks = jax.random.split(jax.random.PRNGKey(0), 5)
     B, T, H, HV, K, V = shape.B, shape.T, shape.H, shape.HV, shape.K, shape.V
     q, k = (jax.random.normal(x, (B, T, H, K), jnp.bfloat16) for x in ks[:2])
@@ -50,8 +56,24 @@ def recurrent_ms(shape: Shape, segment_ids, impl: str, repeats: int) -> float:
             return api.chunk_simple_gla(q, k, v, g, impl=impl, segment_ids=segment_ids)[0]
         return op(q, k, v, g, beta, use_qk_l2norm=True, impl=impl, segment_ids=segment_ids)[0]
 
-    grad, xs = _fwd_bwd(fn, q, k, v, g, beta)
+    return _fwd_bwd(fn, q, k, v, g, beta)
+
+
+def recurrent_ms(shape: Shape, segment_ids, impl: str, repeats: int) -> float:
+    grad, xs = recurrent_fwd_bwd(shape, segment_ids, impl)
     return median_ms(grad, *xs, repeats=repeats)
+
+
+def launch_us(shape: Shape, segment_ids, impl: str, folder: Path, calls: int = 5) -> dict[str, float]:
+    """Device time per fwd+bwd call of each kernel and XLA op (us; a ``jax.profiler`` trace of ``calls`` calls
+    under ``folder``), keyed by op name."""
+    grad, xs = recurrent_fwd_bwd(shape, segment_ids, impl)
+    jax.block_until_ready(grad(*xs))
+    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+        for _ in range(calls):
+            jax.block_until_ready(grad(*xs))
+    ops = summarize(folder, top=1000)["ops"]
+    return {o["name"]: 1e3 * o["ms"] / calls for o in ops}
 
 
 def attention_ms(dims, segment_ids, impl: str, repeats: int) -> float:
@@ -70,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-attention", action="store_true", help="the recurrent kernels only")
     ap.add_argument("--stages", action="store_true", help="also time each recurrent launch stage alone")
+    ap.add_argument("--profile", action="store_true",
+                    help="also each launch's and XLA op's device time per call (a profiler trace), with and without")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     args = ap.parse_args(argv)
     impl = "pallas_interpret" if args.smoke else "auto"
@@ -82,6 +106,13 @@ def main(argv: list[str] | None = None) -> None:
         none, docs = (recurrent_ms(shape, s, impl, args.repeats) for s in (None, seg))
         rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs, ratio=docs / none))
         print(f"recurrent  {shape.name}: x{docs / none:.3f}", flush=True)
+        if args.profile:
+            with tempfile.TemporaryDirectory() as tmp:
+                none, docs = (launch_us(shape, ids, impl, Path(tmp) / name)
+                              for ids, name in ((None, "none"), (seg, "docs")))
+            for op in sorted(set(none) | set(docs), key=lambda o: -abs(docs.get(o, 0.0) - none.get(o, 0.0))):
+                rows.append(dict(part="launch", shape=f"{shape.name}.{op}", none_ms=none.get(op, 0.0) / 1e3,
+                                 documents_ms=docs.get(op, 0.0) / 1e3))
         if args.stages:
             cfg = recurrent_config(per_key=shape.per_key, op=recurrent_op(shape.per_key, shape.delta),
                                    dims=(shape.K, shape.V))
@@ -97,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
         none, docs = (attention_ms(dims, s, impl, args.repeats) for s in (None, seg))
         rows.append(dict(part="attention", shape=name, none_ms=none, documents_ms=docs, ratio=docs / none))
     for row in rows:
+        if row["part"] == "launch":
+            print(f"launch     {row['shape'][:60]:<60} none {1e3 * row['none_ms']:8.1f} us  documents "
+                  f"{1e3 * row['documents_ms']:8.1f} us  {1e3 * (row['documents_ms'] - row['none_ms']):+7.1f} us")
+            continue
         every_chunk = f"  every chunk {row['every_chunk_ms']:8.3f} ms" if "every_chunk_ms" in row else ""
         print(f"{row['part']:<10} {row['shape']:<24} none {row['none_ms']:8.3f} ms  documents every {args.every}: "
               f"{row['documents_ms']:8.3f} ms  x{row['ratio']:.3f}{every_chunk}", flush=True)
