@@ -54,10 +54,6 @@ class RecurrentConfig:
     """Per-key gate: diagonal blocks in one matmul around their first row, exact where the gate moves by less."""
     levels_chunks: int = 8
     """Chunks per program of the levels launches that redo the rows the one-reference launch got wrong."""
-    documents_chunks: int = 8
-    """Packed documents: at most this many chunks per program of the launches that run the masked kernels on the
-    chunks where a new document starts (``N / documents_chunks`` programs per (batch, head) take a row's listed
-    chunks in turn): fewer programs to start where documents are long, chunks in series where they are short."""
     state_bwd_hdh_from: int | None = None
     """The reverse state pass also computes the gradient pass's ``sum_v h dh`` where ``K * V`` reaches this."""
     output_in_state: bool = False

@@ -242,56 +242,6 @@ def _on_flagged(*, kernel: Callable, names: list[str], chunk: int, rows: dict[st
         when=lambda r: jnp.max(flag_ref[pl.ds(r, 1)]) > 0, **{n: refs[n] for n in names}))
 
 
-def _on_listed(*, kernel: Callable, names: list[str], chunk: int, rows: dict[str, bool], list_ref, programs: int,
-               **refs):
-    """A documents launch's program (:func:`_documents`): ``kernel`` on the ``p``-th, ``p + programs``-th, ... of
-    the chunks ``list_ref`` lists (``[N]``: the flagged chunks' indices in order, then ``N``), ``p`` the program's
-    index on the chunk axis, on the refs ``names`` (spanning every chunk); the aliased earlier outputs are unused.
-    The ``N / programs`` turns are unrolled, each behind its own ``pl.when``: in a loop Triton hoists the kernel's
-    invariant address and mask tensors out of it, and they stay live across the whole body (more registers and
-    spills than the kernel alone)."""
-    n = list_ref.shape[0]
-    p = pl.program_id(2)
-
-    def run(c):
-        kernel(**{name: ChunkOf(refs[name], c, chunk, rows[name]) for name in names})
-
-    for turn in range(n // programs):
-        c = jnp.max(list_ref[pl.ds(p + turn * programs, 1)])  # scalar loads: N need not be a power of two
-        pl.when(c < n)(functools.partial(run, c))
-
-
-def _whole(spec: pl.BlockSpec, N: int) -> pl.BlockSpec:
-    """A chunk-parallel BlockSpec widened to all ``N`` chunks, the same block for every program."""
-    return pl.BlockSpec(over_chunks(spec, N).block_shape, lambda b, h, p: spec.index_map(b, h, 0))
-
-
-def _documents(kernel: Callable, name: str, launch: Launch, static: Static, grid: tuple, inputs: Operands,
-               outputs: Operands, previous: list[jax.Array], flags: jax.Array, R: int) -> list[jax.Array]:
-    """A launch that runs ``kernel`` again, in place, on the chunks that ``flags`` (``[B, 1, 1, N]``) marks, with
-    ``N / R`` programs per (batch, head) (``R`` a power of two dividing N): a batch row's flagged chunks are listed
-    in order (XLA) and program ``p`` takes the ``p``-th, ``p + N / R``-th, ... of them. So up to ``N / R``
-    documents starting in a row keep their chunks in parallel, and a program with none exits after ``R`` scalar
-    loads, where one program per chunk would leave ``R`` times as many programs to start and exit. The earlier
-    launch's outputs ``previous`` are aliased to this one's."""
-    N = grid[2]
-    rows = {n: spec.block_shape[1] is not None for n, (_, spec) in (inputs | outputs).items()}
-    listed = jnp.sort(jnp.where(flags > 0, jnp.arange(N, dtype=jnp.int32), N), axis=-1)
-    spans = {n: (x, _whole(spec, N)) for n, (x, spec) in outputs.items()}
-    earlier = {f"{n}_first": (x, spans[n][1]) for n, x in zip(outputs, previous, strict=True)}
-    list_spec = pl.BlockSpec((None, None, None, N), lambda b, h, p: (b, 0, 0, 0))
-    program = functools.partial(_on_listed, kernel=kernel, names=[*inputs, *outputs], chunk=static.chunk, rows=rows,
-                                programs=N // R)
-    return call(program, name, launch, static, grid[:2] + (N // R,),
-                {n: (x, _whole(spec, N)) for n, (x, spec) in inputs.items()} | {"list_ref": (listed, list_spec)}
-                | earlier, spans, {len(inputs) + 1 + i: i for i in range(len(outputs))})
-
-
-def _power_of_two_dividing(N: int, at_most: int) -> int:
-    """The largest power of two up to ``at_most`` (at least 1) that divides ``N``."""
-    return math.gcd(N, 1 << (max(1, at_most).bit_length() - 1))
-
-
 def _redo(kernel: Callable, name: str, launch: Launch, static: Static, grid: tuple, inputs: Operands,
           outputs: Operands, previous: list[jax.Array], flags: jax.Array, R: int) -> list[jax.Array]:
     """A launch that runs ``kernel`` again, in place, on the chunks that ``flags`` (``[B, HV or 1, 1, N]``) marks,
@@ -364,11 +314,10 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     common divisor of it and N), looped over in turn.
 
     Packed documents (``inputs["rel_ref"]``): the first launch is the kernel without them, on the chunks inside one
-    document only (the others exit after one load); a launch ``name_documents`` (``N / cfg.documents_chunks``
-    programs per (batch, head), each taking its share of the listed chunks: :func:`_documents`) then runs the
-    kernel with ``rel_ref`` on the chunks where a new document starts (:func:`document_chunks`), before the levels
-    launch, which takes ``rel_ref`` too. So the masks cost only where documents meet and the common chunk runs the
-    kernel as tuned."""
+    document only (the others exit after one load); a launch ``name_documents`` (one chunk per program, so that
+    short documents keep every chunk in parallel) then runs the kernel with ``rel_ref`` on the chunks where a new
+    document starts (:func:`document_chunks`), before the levels launch, which takes ``rel_ref`` too. So the masks
+    cost only where documents meet and the common chunk runs the kernel as tuned."""
     gamma = inputs[gate][0]
     span = gate_span(static, gamma, next(iter(inputs.values()))[0].dtype)
     summed = static.cfg.sums_gate(gamma.ndim == 4, static.chunk)
@@ -385,11 +334,11 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
                                   rows=rows, n_chunks=P),
                 name, launch, static, grid[:2] + (N // P,), first_inputs, outputs if P == 1 else _over(outputs, P))
     if docs is not None:
-        outs = _documents(functools.partial(kernel, span=span), f"{name}_documents", launch, static, grid, inputs,
-                          outputs, outs, docs, _power_of_two_dividing(N, static.cfg.documents_chunks))
+        outs = _redo(functools.partial(kernel, span=span), f"{name}_documents", launch, static, grid, inputs,
+                     outputs, outs, docs, R=1)
     if not (span and redo_far):
         return outs
-    R = _power_of_two_dividing(N, static.cfg.levels_chunks)
+    R = math.gcd(N, 1 << (max(1, static.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
     levels = _far_rows_only(functools.partial(kernel, span=0.0), inputs, outputs, gate, span, causal, summed)
     far = far_chunks(gamma, span, static.chunk, cumulated=not summed)
     return _redo(levels, f"{name}_levels", launch, static, grid, inputs, outputs, outs, far, R)
