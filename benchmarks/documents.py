@@ -1,5 +1,6 @@
 """Packed documents (``segment_ids``): the recurrent kernels and flash attention, fwd+bwd, with a document boundary
-every ``--every`` tokens against none, at the shapes of ``benchmarks/shapes.py``; prints the ratio per shape.
+every ``--every`` tokens against none, at the shapes of ``benchmarks/shapes.py``; prints the ratio per shape (for
+the recurrent kernels the median of ``--rounds`` rounds that time the two in turn, and the rounds' range).
 
     python -m benchmarks documents [--every 512] [--only gdn_300m kda_300m] [--stages] [--profile] [--smoke]
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -59,9 +61,11 @@ def recurrent_fwd_bwd(shape: Shape, segment_ids, impl: str):
     return _fwd_bwd(fn, q, k, v, g, beta)
 
 
-def recurrent_ms(shape: Shape, segment_ids, impl: str, repeats: int) -> float:
-    grad, xs = recurrent_fwd_bwd(shape, segment_ids, impl)
-    return median_ms(grad, *xs, repeats=repeats)
+def alternating_ms(shape: Shape, segment_ids, impl: str, repeats: int, rounds: int) -> list[tuple[float, float]]:
+    """``(no documents, documents)`` ms of the recurrent fwd+bwd at ``shape``, timed in turn ``rounds`` times (each a
+    :func:`median_ms` of ``repeats`` samples), so that a drift of the GPU's clock hits both alike."""
+    fns = [recurrent_fwd_bwd(shape, ids, impl) for ids in (None, segment_ids)]
+    return [tuple(median_ms(grad, *xs, repeats=repeats) for grad, xs in fns) for _ in range(rounds)]
 
 
 def launch_us(shape: Shape, segment_ids, impl: str, folder: Path, calls: int = 5) -> dict[str, float]:
@@ -90,6 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--every", type=int, default=512, help="tokens per document")
     ap.add_argument("--only", nargs="*", default=None, help="shape names (benchmarks/shapes.py) to run")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="recurrent kernels: time without and with documents in turn this many times; the ratio is "
+                         "the median of the rounds'")
     ap.add_argument("--no-attention", action="store_true", help="the recurrent kernels only")
     ap.add_argument("--stages", action="store_true", help="also time each recurrent launch stage alone")
     ap.add_argument("--profile", action="store_true",
@@ -103,9 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for shape in shapes:
         seg = jnp.broadcast_to(jnp.arange(shape.T, dtype=jnp.int32) // min(args.every, shape.T), (shape.B, shape.T))
-        none, docs = (recurrent_ms(shape, s, impl, args.repeats) for s in (None, seg))
-        rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs, ratio=docs / none))
-        print(f"recurrent  {shape.name}: x{docs / none:.3f}", flush=True)
+        times = alternating_ms(shape, seg, impl, args.repeats, args.rounds)
+        ratios = sorted(d / n for n, d in times)
+        none, docs = (statistics.median(t[i] for t in times) for i in (0, 1))
+        rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs,
+                         ratio=statistics.median(ratios), ratio_min=ratios[0], ratio_max=ratios[-1], rounds=times))
+        print(f"recurrent  {shape.name}: x{statistics.median(ratios):.3f} (rounds x{ratios[0]:.3f} - "
+              f"x{ratios[-1]:.3f})", flush=True)
         if args.profile:
             with tempfile.TemporaryDirectory() as tmp:
                 none, docs = (launch_us(shape, ids, impl, Path(tmp) / name)
@@ -133,8 +144,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{1e3 * row['documents_ms']:8.1f} us  {1e3 * (row['documents_ms'] - row['none_ms']):+7.1f} us")
             continue
         every_chunk = f"  every chunk {row['every_chunk_ms']:8.3f} ms" if "every_chunk_ms" in row else ""
+        spread = f" (x{row['ratio_min']:.3f} - x{row['ratio_max']:.3f})" if "ratio_min" in row else ""
         print(f"{row['part']:<10} {row['shape']:<24} none {row['none_ms']:8.3f} ms  documents every {args.every}: "
-              f"{row['documents_ms']:8.3f} ms  x{row['ratio']:.3f}{every_chunk}", flush=True)
+              f"{row['documents_ms']:8.3f} ms  x{row['ratio']:.3f}{spread}{every_chunk}", flush=True)
     print(json.dumps(dict(every=args.every, device=jax.devices()[0].device_kind, rows=rows)))
 
 
