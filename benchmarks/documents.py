@@ -61,18 +61,15 @@ def recurrent_fwd_bwd(shape: Shape, segment_ids, impl: str):
     return _fwd_bwd(fn, q, k, v, g, beta)
 
 
-def alternating_ms(shape: Shape, segment_ids, impl: str, repeats: int, rounds: int) -> list[tuple[float, float]]:
-    """``(no documents, documents)`` ms of the recurrent fwd+bwd at ``shape``, timed in turn ``rounds`` times (each a
-    :func:`median_ms` of ``repeats`` samples), so that a drift of the GPU's clock hits both alike."""
-    fns = [recurrent_fwd_bwd(shape, ids, impl) for ids in (None, segment_ids)]
-    return [tuple(median_ms(grad, *xs, repeats=repeats) for grad, xs in fns) for _ in range(rounds)]
+def alternating_ms(fns: list, repeats: int, rounds: int) -> list[tuple[float, ...]]:
+    """The ms of each ``(jitted fn, inputs)`` of ``fns``, timed in turn ``rounds`` times (each a :func:`median_ms`
+    of ``repeats`` samples), so that a drift of the GPU's clock hits them alike: one tuple per round."""
+    return [tuple(median_ms(fn, *xs, repeats=repeats) for fn, xs in fns) for _ in range(rounds)]
 
 
-def launch_us(shape: Shape, segment_ids, impl: str, folder: Path, calls: int = 5) -> dict[str, float]:
-    """Device time per fwd+bwd call of each kernel and XLA op (us; a ``jax.profiler`` trace of ``calls`` calls
-    under ``folder``), keyed by op name."""
-    grad, xs = recurrent_fwd_bwd(shape, segment_ids, impl)
-    jax.block_until_ready(grad(*xs))
+def launch_us(grad, xs, folder: Path, calls: int = 5) -> dict[str, float]:
+    """Device time per call of ``grad(*xs)`` (compiled) of each kernel and XLA op (us; a ``jax.profiler`` trace of
+    ``calls`` calls under ``folder``), keyed by op name."""
     with jax.profiler.trace(str(folder), create_perfetto_trace=True):
         for _ in range(calls):
             jax.block_until_ready(grad(*xs))
@@ -110,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for shape in shapes:
         seg = jnp.broadcast_to(jnp.arange(shape.T, dtype=jnp.int32) // min(args.every, shape.T), (shape.B, shape.T))
-        times = alternating_ms(shape, seg, impl, args.repeats, args.rounds)
+        fns = [recurrent_fwd_bwd(shape, ids, impl) for ids in (None, seg)]
+        times = alternating_ms(fns, args.repeats, args.rounds)
         ratios = sorted(d / n for n, d in times)
         none, docs = (statistics.median(t[i] for t in times) for i in (0, 1))
         rows.append(dict(part="recurrent", shape=shape.name, none_ms=none, documents_ms=docs,
@@ -119,8 +117,7 @@ def main(argv: list[str] | None = None) -> None:
               f"x{ratios[-1]:.3f})", flush=True)
         if args.profile:
             with tempfile.TemporaryDirectory() as tmp:
-                none, docs = (launch_us(shape, ids, impl, Path(tmp) / name)
-                              for ids, name in ((None, "none"), (seg, "docs")))
+                none, docs = (launch_us(*fn, Path(tmp) / name) for fn, name in zip(fns, ("none", "docs"), strict=True))
             for op in sorted(set(none) | set(docs), key=lambda o: -abs(docs.get(o, 0.0) - none.get(o, 0.0))):
                 rows.append(dict(part="launch", shape=f"{shape.name}.{op}", none_ms=none.get(op, 0.0) / 1e3,
                                  documents_ms=docs.get(op, 0.0) / 1e3))
