@@ -90,20 +90,22 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
         do = do_ref[rows, :]
+        end_factor, start_factor = jnp.exp(gamma_last - gamma), jnp.exp(gamma)
+        if rel_ref is not None:  # as segments.sequential_qk, on the rows' factors
+            rel = rel_ref[rows]
+            end_factor = jnp.where(bm.like_gate(rel == jnp.max(rel), gamma), end_factor, 0.0)
+            start_factor = jnp.where(bm.like_gate(rel == 0, gamma), start_factor, 0.0)
         if p_ref is None:
             p_t = bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], i <= j) * scale
             if rel_ref is not None:
-                rel = rel_ref[rows]
                 p_t = jnp.where(rel[:, None] == rel[None, :], p_t, 0.0)
-                q = jnp.where((rel == 0)[:, None], q, jnp.zeros_like(q))  # as segments.sequential_qk
-                k = jnp.where((rel == jnp.max(rel))[:, None], k, jnp.zeros_like(k))
             p_t = p_t.astype(cd)
         else:
             p_t = p_ref[rows, :].T
-        k_end = (k.astype(F32) * bm.per_column(jnp.exp(gamma_last - gamma))).astype(cd)
+        k_end = (k.astype(F32) * bm.per_column(end_factor)).astype(cd)
         dv_new = bm.dot(p_t, do) + bm.dot(k_end, ds.astype(cd))
         dv_new_ref[rows, :] = dv_new.astype(dv_new_ref.dtype)
-        qd = (q.astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
+        qd = (q.astype(F32) * scale * bm.per_column(start_factor)).astype(cd)
         ds = segs.kept(bm.state_decay(gamma_last), keep) * ds + bm.dot(qd.T, do)
         if w_ref is not None:
             ds = ds - bm.dot(w_ref[rows, :].T, dv_new.astype(cd))

@@ -221,17 +221,30 @@ def chunk_by_chunk(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chu
     lax.fori_loop(0, n_chunks, one_chunk, 0)
 
 
-def _chunks(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chunks: int, skip_ref=None, **refs):
-    """A first launch's program: ``kernel`` on its ``n_chunks`` consecutive chunks (one: on the refs as they are),
-    except those ``skip_ref`` (``[n_chunks]`` flags, or None) marks."""
+def _chunks(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chunks: int, flag_ref=None, rel_ref=None,
+            **refs):
+    """A first launch's program: ``kernel`` on its ``n_chunks`` consecutive chunks (one: on the refs as they are);
+    with packed documents (``flag_ref``: ``[n_chunks]`` flags of the chunks where a new document starts, and
+    ``rel_ref``), the flagged chunks run ``kernel`` with ``rel_ref`` and the others without it."""
+
+    def one(r, **chunk_refs):
+        if flag_ref is None:
+            kernel(**chunk_refs)
+            return
+        flag = jnp.max(flag_ref[...] if r is None else flag_ref[pl.ds(r, 1)])
+        rel = rel_ref if r is None else ChunkOf(rel_ref, r, chunk, True)
+        pl.when(flag == 0)(lambda: kernel(**chunk_refs))
+        pl.when(flag > 0)(lambda: kernel(**chunk_refs, rel_ref=rel))
+
     if n_chunks == 1:
-        if skip_ref is None:
-            kernel(**refs)
-        else:
-            pl.when(jnp.max(skip_ref[...]) == 0)(lambda: kernel(**refs))
+        one(None, **refs)
         return
-    unless = None if skip_ref is None else (lambda r: jnp.max(skip_ref[pl.ds(r, 1)]) == 0)
-    chunk_by_chunk(kernel=kernel, chunk=chunk, rows=rows, n_chunks=n_chunks, when=unless, **refs)
+
+    def one_chunk(r, carry):
+        one(r, **{name: ChunkOf(ref, r, chunk, rows[name]) for name, ref in refs.items()})
+        return carry
+
+    lax.fori_loop(0, n_chunks, one_chunk, 0)
 
 
 def _on_flagged(*, kernel: Callable, names: list[str], chunk: int, rows: dict[str, bool], flag_ref, **refs):
@@ -329,13 +342,11 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     P = math.gcd(N, per_program)
     first_inputs = plain if P == 1 else _over(plain, P)
     if docs is not None:
-        first_inputs |= {"skip_ref": (docs, pl.BlockSpec((None, None, None, P), lambda b, h, p: (b, 0, 0, p)))}
+        first_inputs |= {"flag_ref": (docs, pl.BlockSpec((None, None, None, P), lambda b, h, p: (b, 0, 0, p))),
+                         "rel_ref": inputs["rel_ref"] if P == 1 else _over({"r": inputs["rel_ref"]}, P)["r"]}
     outs = call(functools.partial(_chunks, kernel=functools.partial(kernel, span=span), chunk=static.chunk,
                                   rows=rows, n_chunks=P),
                 name, launch, static, grid[:2] + (N // P,), first_inputs, outputs if P == 1 else _over(outputs, P))
-    if docs is not None:
-        outs = _redo(functools.partial(kernel, span=span), f"{name}_documents", launch, static, grid, inputs,
-                     outputs, outs, docs, R=1)
     if not (span and redo_far):
         return outs
     R = math.gcd(N, 1 << (max(1, static.cfg.levels_chunks).bit_length() - 1))  # a power of two dividing N
