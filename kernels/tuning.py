@@ -64,6 +64,11 @@ class RecurrentConfig:
     """Chunks each program of the chunk-parallel launches loops over (with ``num_stages`` 2: prefetch)."""
     chunks_per_program_from: int | None = 0
     """``chunks_per_program`` applies where ``K * V`` reaches this (``None``: never)."""
+    documents_branch: bool = False
+    """Packed documents: each program of the chunk-parallel launches loads its chunk's flag and runs the kernel with
+    the documents' masks only where a new document starts, as without documents elsewhere (one branch per chunk);
+    ``False``: the masked kernel on every chunk (no flag load before the chunk's loads; a program's loop over
+    chunks keeps its pipelining)."""
 
     def splits_grad(self, K: int, V: int) -> bool:
         """Whether the gradient pass (delta rule) is two launches at padded head dims ``K``, ``V``."""
@@ -138,6 +143,7 @@ RECURRENT: dict[str, RecurrentConfig] = {
         grad=Launch(8, 1),
         split_grad_from=128 * 128,
         grad_wy=Launch(4, 1),
+        documents_branch=True,  # NOTES.md "option evidence: documents_branch"
     ),
     "gfx942": RecurrentConfig(  # NOTES.md "ROCm tables": untimed on AMD GPUs, compiled offline without spills
         block_v=32,
@@ -182,6 +188,7 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         gate_cumsum_in_kernels=True,
         chunks_per_program=4,
         chunks_per_program_from=128 * 128,
+        documents_branch=False,
     ),
     # NOTES.md "ROCm tables": the GDN entries at chunk 16, 8-warp grad (no spills offline)
     "gfx942": dataclasses.replace(RECURRENT["gfx942"], chunk=16, split_grad_from=0, grad=Launch(8, 1)),

@@ -221,27 +221,30 @@ def chunk_by_chunk(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chu
     lax.fori_loop(0, n_chunks, one_chunk, 0)
 
 
-def _chunks(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chunks: int, flag_ref=None, rel_ref=None,
+def _chunks(*, kernel: Callable, chunk: int, rows: dict[str, bool], n_chunks: int, rel_ref=None, flag_ref=None,
             **refs):
-    """A first launch's program: ``kernel`` on its ``n_chunks`` consecutive chunks (one: on the refs as they are);
-    with packed documents (``flag_ref``: ``[n_chunks]`` flags of the chunks where a new document starts, and
-    ``rel_ref``), the flagged chunks run ``kernel`` with ``rel_ref`` and the others without it."""
+    """A first launch's program: ``kernel`` on its ``n_chunks`` consecutive chunks (one: on the refs as they are).
+    Packed documents: ``kernel`` takes ``rel_ref`` (``[n_chunks C]``) too; with ``flag_ref`` (``[n_chunks]``: 1 on
+    the chunks where a new document starts) only on the flagged chunks, the others run ``kernel`` without it."""
 
-    def one(r, **chunk_refs):
-        if flag_ref is None:
+    def run(r, **chunk_refs):
+        if rel_ref is None:
             kernel(**chunk_refs)
             return
-        flag = jnp.max(flag_ref[...] if r is None else flag_ref[pl.ds(r, 1)])
         rel = rel_ref if r is None else ChunkOf(rel_ref, r, chunk, True)
+        if flag_ref is None:
+            kernel(**chunk_refs, rel_ref=rel)
+            return
+        flag = jnp.max(flag_ref[...] if r is None else flag_ref[pl.ds(r, 1)])
         pl.when(flag == 0)(lambda: kernel(**chunk_refs))
         pl.when(flag > 0)(lambda: kernel(**chunk_refs, rel_ref=rel))
 
     if n_chunks == 1:
-        one(None, **refs)
+        run(None, **refs)
         return
 
     def one_chunk(r, carry):
-        one(r, **{name: ChunkOf(ref, r, chunk, rows[name]) for name, ref in refs.items()})
+        run(r, **{name: ChunkOf(ref, r, chunk, rows[name]) for name, ref in refs.items()})
         return carry
 
     lax.fori_loop(0, n_chunks, one_chunk, 0)
@@ -326,11 +329,10 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     ``per_program``: chunks per program of the first launch (``RecurrentConfig.chunks_per_program_at``; the greatest
     common divisor of it and N), looped over in turn.
 
-    Packed documents (``inputs["rel_ref"]``): the first launch is the kernel without them, on the chunks inside one
-    document only (the others exit after one load); a launch ``name_documents`` (one chunk per program, so that
-    short documents keep every chunk in parallel) then runs the kernel with ``rel_ref`` on the chunks where a new
-    document starts (:func:`document_chunks`), before the levels launch, which takes ``rel_ref`` too. So the masks
-    cost only where documents meet and the common chunk runs the kernel as tuned."""
+    Packed documents (``inputs["rel_ref"]``): the first launch runs the kernel with them, as
+    ``cfg.documents_branch`` says either on every chunk, or only on the chunks where a new document starts
+    (:func:`document_chunks`, a flag per chunk) and the kernel as without documents on the others. The levels
+    launch takes ``rel_ref`` too."""
     gamma = inputs[gate][0]
     span = gate_span(static, gamma, next(iter(inputs.values()))[0].dtype)
     summed = static.cfg.sums_gate(gamma.ndim == 4, static.chunk)
@@ -338,12 +340,14 @@ def diagonal_launches(kernel: Callable, name: str, launch: Launch, static: Stati
     N = grid[2]
     plain = {n: x for n, x in inputs.items() if n != "rel_ref"}
     rows = {n: spec.block_shape[1] is not None for n, (_, spec) in (plain | outputs).items()}
-    docs = document_chunks(inputs["rel_ref"][0], static.chunk) if "rel_ref" in inputs else None
     P = math.gcd(N, per_program)
-    first_inputs = plain if P == 1 else _over(plain, P)
-    if docs is not None:
-        first_inputs |= {"flag_ref": (docs, pl.BlockSpec((None, None, None, P), lambda b, h, p: (b, 0, 0, p))),
-                         "rel_ref": inputs["rel_ref"] if P == 1 else _over({"r": inputs["rel_ref"]}, P)["r"]}
+    first_inputs = dict(plain) if P == 1 else _over(plain, P)
+    if "rel_ref" in inputs:
+        rel, spec = inputs["rel_ref"]
+        first_inputs["rel_ref"] = (rel, spec if P == 1 else over_chunks(spec, P))
+        if static.cfg.documents_branch:
+            flags = pl.BlockSpec((None, None, None, P), lambda b, h, p: (b, 0, 0, p))
+            first_inputs["flag_ref"] = (document_chunks(rel, static.chunk), flags)
     outs = call(functools.partial(_chunks, kernel=functools.partial(kernel, span=span), chunk=static.chunk,
                                   rows=rows, n_chunks=P),
                 name, launch, static, grid[:2] + (N // P,), first_inputs, outputs if P == 1 else _over(outputs, P))

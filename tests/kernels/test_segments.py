@@ -99,16 +99,19 @@ VARIANTS = dict(split_grad_from=0, output_in_state=True, state_bwd_hdh_from=0, b
                 gate_cumsum_in_kernels=True, chunks_per_program=2, chunks_per_program_from=0)
 
 
-@pytest.mark.parametrize("kind, chunk, variants", [("gdn", 16, False), ("gla", 16, False), ("kda", 32, False),
-                                                    ("gdn", 16, True), ("kda", 16, True)])
-def test_pallas_kernels_with_documents(kind, chunk, variants):
+@pytest.mark.parametrize("kind, chunk, variants, branch", [
+    ("gdn", 16, False, True), ("gla", 16, False, True), ("kda", 32, False, False), ("gdn", 16, True, True),
+    ("kda", 16, True, False)])
+def test_pallas_kernels_with_documents(kind, chunk, variants, branch):
     """Values, final state and every input's gradient against the naive recurrence with resets (float32).
-    KDA at chunk 32: two 16-row blocks per chunk, and gates of -20 make the levels launches redo far rows. The
-    chunk-parallel launches run the chunks inside one document without the masks and the others with them
-    (``launch.diagonal_launches``): the second row's last chunk is of the first kind."""
+    KDA at chunk 32: two 16-row blocks per chunk, and gates of -20 make the levels launches redo far rows.
+    ``branch`` (``RecurrentConfig.documents_branch``): the chunk-parallel launches run the chunks inside one
+    document without the masks and the others with them (the second row's last chunk is of the first kind), with
+    one and with two chunks per program; else the masked kernel on every chunk."""
     T = 59 if variants else 37
     inputs, weights = inputs_for(kind, 2, B=len(STARTS), T=T)
-    config = dataclasses.replace(tuning.recurrent_config(per_key=kind == "kda"), **(VARIANTS if variants else {}))
+    config = dataclasses.replace(tuning.recurrent_config(per_key=kind == "kda"), documents_branch=branch,
+                                 **(VARIANTS if variants else {}))
     seg = segment_ids(T, STARTS)
     compare(with_segments(pallas(chunk, config), seg), with_segments(naive, seg), inputs, weights, tol=5e-5)
 
