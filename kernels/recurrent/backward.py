@@ -73,9 +73,9 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
     With ``hdh_ref`` also ``sum_v h ds``, ``h`` the state at the chunk's start: the gradient pass's
     ``d(gamma_last)`` term of the state decay. With ``keep_ref`` the start state's decay follows the chunk's
     documents; ``q`` and ``k`` are then masked by ``segments.sequential_qk`` and ``P`` given, masked, or (no delta
-    rule) ``rel_ref`` given: the pass masks ``q``, ``k`` and the recomputed ``P`` itself. ``w`` is not masked per
-    row, so the first form is the delta rule's; without it the second saves the output launch writing ``P`` and
-    this pass reading it, for a ``[C]`` load per chunk that is not on the ``ds`` chain."""
+    rule) ``rel_ref`` given: the pass masks ``q``, ``k`` (their rows' factors) and the recomputed ``P``. ``w`` is
+    not masked per row, so the first form is the delta rule's; without it the second saves the output launch
+    writing ``P`` and this pass reading it, for a ``[C]`` load per chunk that is not on the ``ds`` chain."""
     cd = q_ref.dtype
     i, j = bm.iota(chunk)
 

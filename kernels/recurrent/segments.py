@@ -20,12 +20,13 @@ The sequential state passes apply no row mask: they take ``q`` zeroed outside ea
 ``wy``), and the reverse pass takes the forward's masked ``P``; on the sequential chain only the start state's
 decay follows the documents, through one factor per chunk (:func:`chunk_keeps`) loaded an iteration ahead
 (:func:`loop_over_chunks`), so that no load or reduction of the documents is on it. Without the delta rule
-(Mamba2's SSD) the reverse pass instead masks ``q``, ``k`` and its recomputed ``P`` itself from each chunk's
-``rel`` (``backward.state_bwd``): there the masks feed no ``w`` term and so stay off the chain, and no ``P`` is
-written and read.
+(Mamba2's SSD) the reverse pass instead masks ``q``, ``k`` (on their rows' decay factors) and its recomputed
+``P`` itself from each chunk's ``rel`` (``backward.state_bwd``): there the masks feed no ``w`` term and so stay
+off the chain, and no ``P`` is written and read.
 
-The chunk-parallel kernels get ``rel`` only on the chunks where a new document starts (and on the rare chunks
-the levels launch redoes): ``launch.diagonal_launches`` runs every other chunk through the kernel without it.
+The chunk-parallel kernels take ``rel`` in their first launch (``launch.diagonal_launches``): per table
+(``RecurrentConfig.documents_branch``) each program either runs the kernel with it only on a chunk where a new
+document starts, and without it on the others, or with it on every chunk.
 """
 
 from __future__ import annotations
