@@ -91,14 +91,13 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
         gamma_last = bm.row(gamma, -1)
         do = do_ref[rows, :]
         end_factor, start_factor = jnp.exp(gamma_last - gamma), jnp.exp(gamma)
-        if rel_ref is not None:  # as segments.sequential_qk, on the rows' factors
-            rel = rel_ref[rows]
-            end_factor = jnp.where(bm.like_gate(rel == jnp.max(rel), gamma), end_factor, 0.0)
-            start_factor = jnp.where(bm.like_gate(rel == 0, gamma), start_factor, 0.0)
         if p_ref is None:
             p_t = bm.dot(k, q.T) * bm.masked_exp(gamma[None, :] - gamma[:, None], i <= j) * scale
-            if rel_ref is not None:
+            if rel_ref is not None:  # a scalar gate ([C]): q, k masked as segments.sequential_qk, on their factors
+                rel = rel_ref[rows]
                 p_t = jnp.where(rel[:, None] == rel[None, :], p_t, 0.0)
+                end_factor = jnp.where(rel == jnp.max(rel), end_factor, 0.0)
+                start_factor = jnp.where(rel == 0, start_factor, 0.0)
             p_t = p_t.astype(cd)
         else:
             p_t = p_ref[rows, :].T

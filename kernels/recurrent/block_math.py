@@ -61,11 +61,6 @@ def per_column(x: jax.Array) -> jax.Array:
     return x if x.ndim == 2 else x[:, None]
 
 
-def like_gate(x: jax.Array, gate: jax.Array) -> jax.Array:
-    """A per-row ``[C]`` array shaped to broadcast against a gate tile ``[C]`` or ``[C, K]``."""
-    return x if gate.ndim == 1 else x[:, None]
-
-
 def to_gate_shape(x: jax.Array, per_key: bool) -> jax.Array:
     """A ``[C, K]`` gradient contribution reduced to the gate's shape (``[C]`` for a scalar gate)."""
     return x if per_key else jnp.sum(x, axis=1)
