@@ -62,7 +62,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       p_ref=None,  # [T, C]: P from the forward, else recomputed (scalar gate only)
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
                       hdh_ref=None,  # [N, K] out, float32: sum_v h dh per chunk (this V tile's part)
-                      keep_ref=None,  # [N] float32: packed documents (segments.chunk_keeps)
+                      keep_ref=None,  # [W] int32: packed documents (segments.chunk_keeps)
                       rel_ref=None,  # [T] int32: packed documents, P recomputed (no delta rule; q, k unmasked)
                       chunk: int, n_chunks: int, scale: float):
     """Reverse sequential pass for one (batch, head, V tile). Per chunk (last to first), with ``ds`` the gradient of
@@ -206,7 +206,8 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
     if hdh:
         inputs["h_ref"] = (res.h, s.snapshots_seq(d.N, d.K))
     if res.rel is not None:
-        inputs["keep_ref"] = (segs.chunk_keeps(res.rel, C), s.chunks_seq(d.N))
+        keeps = segs.chunk_keeps(res.rel, C)
+        inputs["keep_ref"] = (keeps, s.words_seq(keeps.shape[1]))
     if masks:
         inputs["rel_ref"] = (res.rel, s.tokens_seq())
     outputs = {"dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),

@@ -81,7 +81,7 @@ def _state_kernel(*, k_ref,  # [T, K]
                   q_ref=None,  # [T, K]: with o_ref
                   p_ref=None,  # [T, C]: with o_ref
                   o_ref=None,  # [T, BV] out (RecurrentConfig.output_in_state)
-                  keep_ref=None,  # [N] float32: packed documents (segments.chunk_keeps)
+                  keep_ref=None,  # [W] int32: packed documents (segments.chunk_keeps)
                   chunk: int, n_chunks: int, scale: float | None = None):
     """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state; with ``o_ref`` also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the snapshot
@@ -172,7 +172,8 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
     if with_o:
         inputs |= {"q_ref": (q, s.qk_seq(d.K)), "p_ref": (p, s.rows_seq(C))}
     if rel is not None:
-        inputs["keep_ref"] = (segs.chunk_keeps(rel, C), s.chunks_seq(d.N))
+        keeps = segs.chunk_keeps(rel, C)
+        inputs["keep_ref"] = (keeps, s.words_seq(keeps.shape[1]))
     tile = (sds((d.B, d.T, d.HV, d.V), k.dtype), s.vtile_seq())  # v_new, o: [B,T,HV,V] outputs in V tiles
     outputs = {"h_ref": (sds((d.B, d.N, d.HV, d.K, d.V), k.dtype), s.snapshots_seq(d.N, d.K))}
     if delta:

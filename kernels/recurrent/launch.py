@@ -116,9 +116,9 @@ class Specs:
             return pl.BlockSpec((None, self.T, None), lambda b, h, v: (b, 0, h))
         return self.rows_seq(self.gate_k)
 
-    def chunks_seq(self, N: int) -> pl.BlockSpec:
-        """``[N]`` of a ``[B, N]`` tensor (one value per chunk, shared by all heads)."""
-        return pl.BlockSpec((None, N), lambda b, h, v: (b, 0))
+    def words_seq(self, W: int) -> pl.BlockSpec:
+        """``[W]`` of a ``[B, W]`` tensor (shared by all heads)."""
+        return pl.BlockSpec((None, W), lambda b, h, v: (b, 0))
 
     def tokens_seq(self) -> pl.BlockSpec:
         """``[T]`` of a ``[B, T]`` tensor (packed documents: one value per token, shared by all heads)."""

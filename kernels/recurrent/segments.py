@@ -18,8 +18,8 @@ without documents (:func:`loop_over_chunks` is then a plain ``fori_loop``).
 The sequential state passes apply no row mask: they take ``q`` zeroed outside each chunk's carried document and
 ``k`` zeroed outside its last one (:func:`sequential_qk`, XLA; ``w`` is zero there already, from the masked
 ``wy``), and the reverse pass takes the forward's masked ``P``; on the sequential chain only the start state's
-decay follows the documents, through one factor per chunk (:func:`chunk_keeps`) loaded an iteration ahead
-(:func:`loop_over_chunks`), so that no load or reduction of the documents is on it. Without the delta rule
+decay follows the documents, through one bit per chunk (:func:`chunk_keeps`), all loaded before the loop
+(:func:`loop_over_chunks`), so that no load of the documents is on it. Without the delta rule
 (Mamba2's SSD) the reverse pass instead masks ``q``, ``k`` (on their rows' decay factors) and its recomputed
 ``P`` itself from each chunk's ``rel`` (``backward.state_bwd``): there the masks feed no ``w`` term and so stay
 off the chain, and no ``P`` is written and read.
@@ -104,31 +104,39 @@ def sequential_qk(q: jax.Array, k: jax.Array, rel: jax.Array | None, C: int) -> 
 
 
 def chunk_keeps(rel: jax.Array, C: int) -> jax.Array:
-    """XLA: ``[B, N]`` float32, 1 where a chunk (of ``C`` rows of ``rel [B,T]``) ends in its carried document (the
-    start state's decay is kept), else 0."""
+    """XLA: ``[B, W]`` int32 bit words: bit ``r`` of word ``w`` is 1 where chunk ``32 w + r`` (of ``C`` rows of ``rel
+    [B,T]``) ends in its carried document (the start state's decay is kept); ``W`` is a power of two, the words past
+    the last chunk are 0."""
     B, T = rel.shape
-    return (rel.reshape(B, T // C, C)[:, :, -1] == 0).astype(jnp.float32)
+    N = T // C
+    W = 1 << max(0, (-(-N // 32) - 1).bit_length())
+    keep = (rel.reshape(B, N, C)[:, :, -1] == 0).astype(jnp.uint32)
+    keep = jnp.pad(keep, ((0, 0), (0, 32 * W - N))).reshape(B, W, 32)
+    words = jnp.sum(keep << jnp.arange(32, dtype=jnp.uint32), axis=2, dtype=jnp.uint32)  # distinct bits: an OR
+    return lax.bitcast_convert_type(words, jnp.int32)
 
 
 def loop_over_chunks(body: Callable, n_chunks: int, init: jax.Array, keep_ref=None, reverse: bool = False
                      ) -> jax.Array:
     """``lax.fori_loop`` of ``body(step, state, keep)`` over ``n_chunks`` steps from ``init`` -> the final state.
-    ``keep``: None without ``keep_ref``; else the step's chunk's :func:`chunk_keeps` factor (``keep_ref [N]``; the
-    chunk of step ``i`` is ``i``, or ``N - 1 - i`` with ``reverse``), loaded one step ahead and carried."""
+    ``keep``: None without ``keep_ref``; else the step's chunk's :func:`chunk_keeps` bit (an int32 scalar; the
+    chunk of step ``i`` is ``i``, or ``N - 1 - i`` with ``reverse``). The words (``keep_ref [W]``) are loaded once,
+    before the loop, and a step picks its bit with a select and a sum over ``W`` (a few words: no shared memory)
+    and two shifts; no load is in the loop (a per-chunk load there, even one step ahead, left the H200 waiting on
+    it inside the step)."""
     if keep_ref is None:
         return lax.fori_loop(0, n_chunks, lambda i, state: body(i, state, None), init)
+    words = keep_ref[...]
+    index = lax.broadcasted_iota(jnp.int32, words.shape, 0)
 
-    def chunk(i):
-        return n_chunks - 1 - i if reverse else i
+    def step(i, state):
+        c = n_chunks - 1 - i if reverse else i
+        word = jnp.sum(jnp.where(index == c >> 5, words, 0))  # c // 32, c % 32 (c >= 0)
+        return body(i, state, (word >> (c & 31)) & 1)
 
-    def step(i, carry):
-        state, keep = carry
-        ahead = keep_ref[chunk(jnp.minimum(i + 1, n_chunks - 1))]
-        return body(i, state, keep), ahead
-
-    return lax.fori_loop(0, n_chunks, step, (init, keep_ref[chunk(0)]))[0]
+    return lax.fori_loop(0, n_chunks, step, init)
 
 
 def kept(decay: jax.Array, keep: jax.Array | None) -> jax.Array:
-    """The start state's decay factor ``decay``, 0 where ``keep`` (:func:`chunk_keeps`; None: kept) is 0."""
+    """The start state's decay factor ``decay``, 0 where ``keep`` (a :func:`chunk_keeps` bit; None: kept) is 0."""
     return decay if keep is None else jnp.where(keep > 0, decay, 0.0)

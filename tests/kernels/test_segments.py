@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels import api, reference, tuning
+from hybrid_jax.kernels.recurrent import segments
 from tests.kernels.test_pallas_recurrence import make_inputs, naive, pallas, rel_rms, value_and_grads, xla
 
 
@@ -146,6 +148,32 @@ def test_chunk_segments():
     np.testing.assert_array_equal(reference.chunk_segments(seg, 4), [[0, 0, 1, 1, 0, 1, 1, 1]])
     np.testing.assert_array_equal(reference.chunk_segments(jnp.asarray([[3, 3, 4, 4, 5]]), 2),
                                   [[0, 0, 1, 1, 1, 1]])
+
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_sequential_passes_see_each_chunks_keep_bit(reverse):
+    """``segments.chunk_keeps`` packs 70 chunks' keep bits into words (three, padded to four, the top bit of a word
+    included) and ``loop_over_chunks`` hands each step its chunk's bit, in either direction; the Pallas loop
+    here records what each step got."""
+    C, N = 2, 70
+    last = np.random.default_rng(0).integers(0, 2, (2, N))  # each chunk's last row: carried document (0) or not
+    last[:, 31], last[:, 63] = 0, 0  # bit 31 of words 0 and 1: the sign bit of an int32
+    rel = jnp.asarray(np.repeat(last, C, axis=1), jnp.int32)
+    words = segments.chunk_keeps(rel, C)
+    assert words.shape == (2, 4) and words.dtype == jnp.int32
+
+    def kernel(keep_ref, out_ref):
+        def body(step, state, keep):
+            out_ref[pl.ds(N - 1 - step if reverse else step, 1)] = jnp.full((1,), keep, jnp.int32)
+            return state + 1.0
+
+        segments.loop_over_chunks(body, N, jnp.zeros((), jnp.float32), keep_ref, reverse=reverse)
+
+    got = pl.pallas_call(kernel, grid=(2,), in_specs=[pl.BlockSpec((None, 4), lambda b: (b, 0))],
+                         out_specs=pl.BlockSpec((None, N), lambda b: (b, 0)),
+                         out_shape=jax.ShapeDtypeStruct((2, N), jnp.int32), interpret=True)(words)
+    np.testing.assert_array_equal(got, last == 0)
 
 
 # ------------------------------------------------------------------------------------------------- attention
