@@ -3,6 +3,8 @@ every ``--every`` tokens against none, at the shapes of ``benchmarks/shapes.py``
 the recurrent kernels the median of ``--rounds`` rounds that time the two in turn, and the rounds' range).
 
     python -m benchmarks documents [--every 512] [--only gdn_300m kda_300m] [--stages] [--profile] [--smoke]
+    ncu -k 'regex:^(state_bwd|grad_bwd)$' --launch-skip 2 --launch-count 2 python -m benchmarks documents \
+        --only kda_300m --calls-only documents     (and --calls-only none)
 
 ``--profile``: also the device time per call of each launch and XLA op, with and without documents (a profiler
 trace of a few calls), largest difference first. ``--stages``: also each recurrent launch stage alone
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also each launch's and XLA op's device time per call (a profiler trace), with and without")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
+    ap.add_argument("--calls-only", choices=["none", "documents"], default=None,
+                    help="instead, call each shape's fwd+bwd twice without or with the documents, for an outside "
+                         "profiler (ncu --launch-skip: the first call's launches)")
     args = ap.parse_args(argv)
     impl = "pallas_interpret" if args.smoke else "auto"
     shapes = [s for s in SHAPES if args.only is None or s.name in args.only]
@@ -107,6 +112,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for shape in shapes:
         seg = jnp.broadcast_to(jnp.arange(shape.T, dtype=jnp.int32) // min(args.every, shape.T), (shape.B, shape.T))
+        if args.calls_only:
+            grad, xs = recurrent_fwd_bwd(shape, seg if args.calls_only == "documents" else None, impl)
+            for _ in range(2):
+                jax.block_until_ready(grad(*xs))
+            print(f"called {shape.name} twice, {args.calls_only}", flush=True)
+            continue
         fns = [recurrent_fwd_bwd(shape, ids, impl) for ids in (None, seg)]
         times = alternating_ms(fns, args.repeats, args.rounds)
         ratios = sorted(d / n for n, d in times)
@@ -129,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
                                 for e in (None, every, cfg.chunk))
             rows += [dict(part="stage", shape=f"{shape.name}.{n}", none_ms=none[n], documents_ms=docs[n],
                           ratio=docs[n] / none[n], every_chunk_ms=each[n]) for n in none]
+    if args.calls_only:
+        return
     attention = {} if args.no_attention else {"smoke": (1, 64, 2, 16, 16)} if args.smoke else ATTENTION_SHAPES
     for name, dims in attention.items():
         B, T = dims[:2]
