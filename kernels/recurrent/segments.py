@@ -36,6 +36,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 
 
 class Documents:
@@ -109,7 +110,7 @@ def chunk_keeps(rel: jax.Array, C: int) -> jax.Array:
     the last chunk are 0."""
     B, T = rel.shape
     N = T // C
-    W = 1 << max(0, (-(-N // 32) - 1).bit_length())
+    W = pl.next_power_of_2(-(-N // 32))  # words of 32 chunks' bits
     keep = (rel.reshape(B, N, C)[:, :, -1] == 0).astype(jnp.uint32)
     keep = jnp.pad(keep, ((0, 0), (0, 32 * W - N))).reshape(B, W, 32)
     words = jnp.sum(keep << jnp.arange(32, dtype=jnp.uint32), axis=2, dtype=jnp.uint32)  # distinct bits: an OR
@@ -122,8 +123,7 @@ def loop_over_chunks(body: Callable, n_chunks: int, init: jax.Array, keep_ref=No
     ``keep``: None without ``keep_ref``; else the step's chunk's :func:`chunk_keeps` bit (an int32 scalar; the
     chunk of step ``i`` is ``i``, or ``N - 1 - i`` with ``reverse``). The words (``keep_ref [W]``) are loaded once,
     before the loop, and a step picks its bit with a select and a sum over ``W`` (a few words: no shared memory)
-    and two shifts; no load is in the loop (a per-chunk load there, even one step ahead, left the H200 waiting on
-    it inside the step)."""
+    and two shifts, so that the step waits on no load."""
     if keep_ref is None:
         return lax.fori_loop(0, n_chunks, lambda i, state: body(i, state, None), init)
     words = keep_ref[...]

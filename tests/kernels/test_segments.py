@@ -150,7 +150,6 @@ def test_chunk_segments():
                                   [[0, 0, 1, 1, 1, 1]])
 
 
-
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_sequential_passes_see_each_chunks_keep_bit(reverse):
     """``segments.chunk_keeps`` packs 70 chunks' keep bits into words (three, padded to four, the top bit of a word
