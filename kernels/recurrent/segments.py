@@ -10,10 +10,13 @@ keeps, of the chunk's products:
 - the state update's sum only over rows of the chunk's last document, and the decay of ``h`` only if that is the
   carried document.
 
-The gate's cumulative sums are untouched (every exponent kept is a difference within one document). A mask is a
-``jnp.where`` on a factor that is at most 1 (or on a product of such factors), so nothing masked can overflow
-or turn into NaN (a zeroed input row meets the same factors). Without ``segment_ids`` the kernels' IR is the one
-without documents (:func:`loop_over_chunks` is then a plain ``fori_loop``).
+The gate's cumulative sums are untouched (every exponent kept is a difference within one document). Every value
+a mask zeroes is finite for finite inputs: a factor that is at most 1 (or capped: ``block_math.cross_factors``), a
+product of such factors with the inputs, or a product of finite gradients, so nothing masked can overflow or turn
+into NaN. With the scalar gate a mask is a ``jnp.where``; with the per-key gate (KDA) it is a product with the 0/1
+mask, which the Triton compiler fits in fewer registers there (:class:`Documents`), so a NaN input of one document
+also reaches the others of its chunk (the step is then skipped either way). Without ``segment_ids`` the kernels' IR is
+the one without documents (:func:`loop_over_chunks` is then a plain ``fori_loop``).
 
 The sequential state passes apply no row mask: they take ``q`` zeroed outside each chunk's carried document and
 ``k`` zeroed outside its last one (:func:`sequential_qk`, XLA; ``w`` is zero there already, from the masked
@@ -40,11 +43,18 @@ from jax.experimental import pallas as pl
 
 
 class Documents:
-    """The document structure of one chunk, from the row blocks ``rel`` (``[S]`` int32 each) of its ``rel`` ref."""
+    """The document structure of one chunk, from the row blocks ``rel`` (``[S]`` int32 each) of its ``rel`` ref.
+    ``product``: masks multiply by the 0/1 mask instead of selecting (the per-key gate's kernels, where the Triton
+    compiler gives the gradient launches fewer registers for a product than for a select)."""
 
-    def __init__(self, rel: list[jax.Array]):
+    def __init__(self, rel: list[jax.Array], product: bool):
         self.rel = rel
+        self.product = product
         self.last = jnp.max(rel[-1])  # the chunk's last document (rel is nondecreasing along rows)
+
+    def mask(self, x: jax.Array, keep: jax.Array) -> jax.Array:
+        """``x`` where the bool ``keep`` (broadcast to ``x``) holds, else 0."""
+        return x * keep.astype(x.dtype) if self.product else jnp.where(keep, x, 0.0)
 
     def same(self, i: int, j: int) -> jax.Array:
         """``[S, S]`` bool: rows of block ``i`` and of block ``j`` in one document."""
@@ -63,26 +73,27 @@ class Documents:
         return self.last == 0
 
 
-def load(ref, blocks) -> Documents | None:
-    """:class:`Documents` of a chunk's ``rel`` ref (``[C]``), split by ``blocks(ref)``; ``None`` for no ref."""
-    return None if ref is None else Documents(blocks(ref))
+def load(ref, blocks, per_key: bool) -> Documents | None:
+    """:class:`Documents` of a chunk's ``rel`` ref (``[C]``), split by ``blocks(ref)``, masking by product with a
+    per-key gate; ``None`` for no ref."""
+    return None if ref is None else Documents(blocks(ref), product=per_key)
 
 
 def pairs(m: list[list[jax.Array]], docs: Documents | None) -> list[list[jax.Array]]:
     """A lower block-triangular ``m[i][j]`` with the pairs in two documents set to 0 (``docs`` None: ``m``)."""
     if docs is None:
         return m
-    return [[jnp.where(docs.same(i, j), x, 0.0) for j, x in enumerate(row)] for i, row in enumerate(m)]
+    return [[docs.mask(x, docs.same(i, j)) for j, x in enumerate(row)] for i, row in enumerate(m)]
 
 
 def carried(x: jax.Array, docs: Documents | None, i: int = 0) -> jax.Array:
     """Row factor ``x`` (``[S, 1]`` or ``[S, K]``) of block ``i``, 0 on rows outside the carried document."""
-    return x if docs is None else jnp.where(docs.carried(i), x, 0.0)
+    return x if docs is None else docs.mask(x, docs.carried(i))
 
 
 def in_last(x: jax.Array, docs: Documents | None, i: int = 0) -> jax.Array:
     """Row factor ``x`` of block ``i``, 0 on rows outside the chunk's last document."""
-    return x if docs is None else jnp.where(docs.in_last(i), x, 0.0)
+    return x if docs is None else docs.mask(x, docs.in_last(i))
 
 
 def start_decay(x: jax.Array, docs: Documents | None) -> jax.Array:
