@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 class Documents:
     """The document structure of one chunk, from the row blocks ``rel`` (``[S]`` int32 each) of its ``rel`` ref.
     ``product``: masks multiply by the 0/1 mask instead of selecting (the per-key gate's kernels, where the Triton
-    compiler gives the gradient launches fewer registers for a product than for a select)."""
+    compiler gives the gradient launch fewer registers for a product than for a select)."""
 
     def __init__(self, rel: list[jax.Array], product: bool):
         self.rel = rel
