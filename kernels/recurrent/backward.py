@@ -134,7 +134,7 @@ def _grad_kernel(*, q_ref,  # [C, K]
                  scale: float, span: float):
     """One chunk: dq, dk, d(gamma) and, with the WY refs, also dv and dbeta (the WY part fused in)."""
     per_key = len(gamma_ref.shape) == 2
-    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key), per_key)
+    docs = segs.load(rel_ref, per_key)
     k, gamma, v_new, do = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, v_new_ref, do_ref))
     dv_new = bm.blocks(dv_new_ref, per_key) if dv_new_ref is not None else None
     snap = Snapshots(h_ref, dh_ref, hdh_ref)
@@ -174,7 +174,7 @@ def _grad_wy_kernel(*, k_ref,  # [C, K]
     k, v, beta, gamma, v_new, dv_new = (bm.blocks(r, per_key)
                                         for r in (k_ref, v_ref, beta_ref, gamma_ref, v_new_ref, dv_new_ref))
     dk, dgamma, dv, dbeta = grad_through_wy(k, v, beta, gamma, v_new, bm.load_lower(t_ref, per_key), Snapshots(h_ref),
-                                            dv_new, span, segs.load(rel_ref, lambda r: bm.blocks(r, per_key), per_key))
+                                            dv_new, span, segs.load(rel_ref, per_key))
     bm.store_blocks(dk_ref, [x + y for x, y in zip(dk, bm.blocks(dk_in_ref, per_key), strict=True)])
     bm.store_blocks(dgamma_ref, [x + y for x, y in zip(dgamma, bm.blocks(dgamma_in_ref, per_key), strict=True)])
     bm.store_blocks(dv_ref, dv)

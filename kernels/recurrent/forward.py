@@ -55,7 +55,7 @@ def _wy_kernel(*, k_ref,  # [C, K]
     k, gamma, b = (bm.blocks(r, per_key) for r in (k_ref, gamma_ref, beta_ref))
     cd = k[0].dtype
     b = [x.astype(F32) for x in b]
-    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key), per_key)
+    docs = segs.load(rel_ref, per_key)
     g = segs.pairs(bm.block_gram(k, k, gamma, strict=True, span=span), docs)
     a = [[x * b[i][:, None] for x in row] for i, row in enumerate(g)]
     t = [[x.astype(cd) for x in row] for row in bm.block_unit_lower_inverse(a)]  # float32, used in the input dtype
@@ -122,7 +122,7 @@ def _output_kernel(*, q_ref,  # [C, K]
     per_key = len(gamma_ref.shape) == 2
     q, gamma, k = (bm.blocks(r, per_key) for r in (q_ref, gamma_ref, k_ref))  # order of use: as in _wy_kernel
     cd = q[0].dtype
-    docs = segs.load(rel_ref, lambda r: bm.blocks(r, per_key), per_key)
+    docs = segs.load(rel_ref, per_key)
     p = segs.pairs(_output_gram(q, k, gamma, scale, span), docs)
     if p_ref is not None:
         bm.store_lower(p_ref, p)

@@ -41,6 +41,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from hybrid_jax.kernels.recurrent import block_math as bm
+
 
 class Documents:
     """The document structure of one chunk, from the row blocks ``rel`` (``[S]`` int32 each) of its ``rel`` ref.
@@ -73,10 +75,10 @@ class Documents:
         return self.last == 0
 
 
-def load(ref, blocks, per_key: bool) -> Documents | None:
-    """:class:`Documents` of a chunk's ``rel`` ref (``[C]``), split by ``blocks(ref)``, masking by product with a
-    per-key gate; ``None`` for no ref."""
-    return None if ref is None else Documents(blocks(ref), product=per_key)
+def load(ref, per_key: bool) -> Documents | None:
+    """:class:`Documents` of a chunk's ``rel`` ref (``[C]``), in the row blocks of ``block_math.blocks``, masking by
+    product with a per-key gate; ``None`` for no ref."""
+    return None if ref is None else Documents(bm.blocks(ref, per_key), product=per_key)
 
 
 def pairs(m: list[list[jax.Array]], docs: Documents | None) -> list[list[jax.Array]]:
