@@ -13,10 +13,8 @@ if [ ! -e "$SITE/.installed" ] && [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}"
   touch "$SITE/.installed"
 fi
-# pyproject maps kernels/ to hybrid_jax.kernels; the installed tree, not the source checkout, must be what
-# 'import hybrid_jax' finds (the source has no hybrid_jax.kernels): no current directory on sys.path
-# (PYTHONSAFEPATH), and benchmarks/ importable from a
-# side folder that links to them
+# the installed tree, not the source checkout, is what 'import hybrid_jax' finds (no current directory on sys.path:
+# PYTHONSAFEPATH), so a run times what pip installed; benchmarks/ importable from a side folder that links to them
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . >/dev/null
 mkdir -p /tmp/bench && ln -sfn "$PWD/benchmarks" /tmp/bench/benchmarks
 export PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1

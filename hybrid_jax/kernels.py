@@ -10,8 +10,20 @@ Public entry points (shapes ``[batch, time, heads, dim]``; states float32 ``[B,H
 ``impl`` picks the implementation: ``"auto"`` (Pallas on GPU, XLA elsewhere), ``"xla"`` (chunked pure
 JAX), ``"pallas"``, ``"pallas_interpret"`` (the Pallas code interpreted on CPU, for tests), ``"naive"``
 (token-by-token recurrence; the ground truth).
+
+Where the code is: the submodules live in the repository's top-level ``kernels/`` folder (installed as
+``hybrid_jax/kernels/``). That folder has no ``__init__.py`` on purpose: this module is the package's face and names
+the folder as its ``__path__``. A ``kernels/__init__.py`` would make the folder the top-level package ``kernels``
+for every Python started in the repository root (``python -m``, ``python -``, pytest), hiding the PyPI package
+``kernels`` that transformers imports.
 """
 
-from hybrid_jax.kernels.api import attention, chunk_gated_delta_rule, chunk_kda, chunk_simple_gla
+from pathlib import Path
+
+_here = Path(__file__).resolve()
+# installed: hybrid_jax/kernels/ beside this file; a source checkout: the top-level kernels/ folder
+__path__ = [str(p) for p in (_here.with_suffix(""), _here.parents[1] / "kernels") if p.is_dir()][:1]
+
+from hybrid_jax.kernels.api import attention, chunk_gated_delta_rule, chunk_kda, chunk_simple_gla  # noqa: E402
 
 __all__ = ["attention", "chunk_gated_delta_rule", "chunk_kda", "chunk_simple_gla"]
