@@ -15,28 +15,27 @@ import time
 
 from benchmarks import record
 from hybrid_jax.config import base_config
-from hybrid_jax.data import make_train_iterator
+from hybrid_jax.data import DataStream
 from hybrid_jax.data.prepare import open_documents, prepare
 from hybrid_jax.data.shards import read_manifest
 
 
 def measure_pipeline(path: str, seq_len: int, batch_size: int, workers: int, steps: int) -> dict:
-    """Batches/s and tokens/s of ``make_train_iterator`` over ``steps`` batches, after warm-up."""
+    """Batches/s and tokens/s of the training :class:`DataStream` over ``steps`` batches, after warm-up."""
     c = base_config()
     c.train.update(dict(seq_len=seq_len, global_batch_size=batch_size))
     c.data.update(dict(source="tokens", path=path, num_workers=workers))
     c.model.vocab_size = read_manifest(path)["vocab_size"]
-    it = make_train_iterator(c)
+    it = DataStream.open(c)
     for _ in range(max(2, 2 * workers)):  # warm-up: worker start, first reads
         next(it)
     start = time.perf_counter()
     for _ in range(steps):
         batch = next(it)
     seconds = time.perf_counter() - start
-    if workers:
-        it.close()
+    it.close()
     return dict(what="pipeline", path=path, seq_len=seq_len, batch_size=batch_size, num_workers=workers,
-                batches_per_s=steps / seconds, tokens_per_s=steps * batch.shape[0] * seq_len / seconds)
+                batches_per_s=steps / seconds, tokens_per_s=steps * batch.tokens.shape[0] * seq_len / seconds)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,7 @@ from flax import nnx
 
 from benchmarks import record
 from hybrid_jax.config import base_config
-from hybrid_jax.data import make_train_iterator
+from hybrid_jax.data import DataStream
 from hybrid_jax.export import export_model, import_fla
 from hybrid_jax.export.fla import ARCHITECTURES
 from hybrid_jax.model import HybridLM
@@ -122,7 +122,7 @@ def fla_init_first_loss(kind: str, tmp: Path) -> dict:
     fla_model = auto.from_config(fla_cfg).cuda().eval()
     fla_model.save_pretrained(tmp / "fla_init", safe_serialization=True)
     cfg = import_fla(tmp / "fla_init", tmp / "run", cfg)
-    batch = next(make_train_iterator(cfg))  # the trainer's first batch: [B, T+1]
+    batch = next(DataStream.open(cfg)).tokens  # the trainer's first batch: [B, T+1]
     imported, imported_cfg = load(tmp / "run", step=0)
     result = compare_logits(imported, imported_cfg.model, fla_model, batch[:2, :-1])
     record = train(cfg, log=lambda *a: None)  # resumes from the imported step-0 checkpoint, runs step 1

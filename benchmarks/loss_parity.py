@@ -221,9 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     import jax
 
     from benchmarks.torch_parity import train_torch
-    from hybrid_jax.data import make_train_iterator
+    from hybrid_jax.data import DataStream
     from hybrid_jax.export import import_fla
-    from hybrid_jax.train.optim import learning_rate_schedule
+    from hybrid_jax.train.step.optim import learning_rate_schedule
 
     out = record.out_dir(args.out)
     with tempfile.TemporaryDirectory() as tmp:
@@ -251,8 +251,8 @@ def main(argv: list[str] | None = None) -> None:
             theirs, ref_s = saved_reference(saved, settings, args.reference_losses)
             print(f"reference curve from {args.reference_losses} ({len(theirs)} steps)", flush=True)
         else:
-            data = make_train_iterator(cfg)
-            batches = [np.asarray(next(data)) for _ in range(args.steps)]
+            data = DataStream.open(cfg)
+            batches = [np.asarray(next(data).tokens) for _ in range(args.steps)]
             schedule = learning_rate_schedule(cfg.train)
             t0 = time.perf_counter()
             try:

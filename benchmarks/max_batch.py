@@ -42,17 +42,12 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 from ml_collections import ConfigDict
 
 from benchmarks import record
 from hybrid_jax.config import load_config_file
-from hybrid_jax.model import HybridLM, count_params
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.optim import make_optimizer
-from hybrid_jax.train.step import init_state, make_train_step
-from hybrid_jax.train.validate import validate
+from hybrid_jax.model import count_params
+from hybrid_jax.train.trainer import build_trainer
 
 GIB = 2**30
 FIT_AT = (8, 16)  # micro-batches of the linear fit; the first is the timed compile
@@ -103,35 +98,16 @@ class StepProbe:
 
     def __init__(self, config: ConfigDict):
         self.config = config
-        self.mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:1])
         config.train.micro_batch_size = config.train.global_batch_size = FIT_AT[0]
-        accum = validate(config, mesh_lib.batch_shards(self.mesh))
-        tx = make_optimizer(config.train)
-        built = {}
-
-        def build() -> dict:
-            model = lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed))  # noqa: E731
-            graphdef, state, shardings = init_state(
-                model, tx, self.mesh, zero1=config.train.zero1, seed=config.train.seed
-            )
-            built.update(graphdef=graphdef, shardings=shardings)
-            return state
-
-        abstract = jax.eval_shape(build)  # no parameter or optimizer state is allocated
-        self.state = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, built["shardings"]
-        )
-        self.step = make_train_step(built["graphdef"], tx, config.train, self.mesh, built["shardings"], accum=accum)
+        self.trainer = build_trainer(config, jax.devices()[:1], abstract=True)  # nothing is allocated
         self.compiles: dict[int, Compile] = {}
 
     def compile(self, m: int) -> Compile:
         """Lower and compile the step for a ``[m, seq_len + 1]`` batch (cached)."""
         if m not in self.compiles:
-            batch = jax.ShapeDtypeStruct(
-                (m, self.config.train.seq_len + 1), jnp.int32, sharding=mesh_lib.batch_sharding(self.mesh)
-            )
+            batch = self.trainer.abstract_batch(self.config.train.seq_len, m, self.config.data.document_mask)
             t0 = time.perf_counter()
-            lowered = self.step.lower(self.state, batch)
+            lowered = self.trainer.step.lower(self.trainer.abstract_state, batch)
             t1 = time.perf_counter()
             stats = lowered.compile().memory_analysis()
             t2 = time.perf_counter()

@@ -3,9 +3,9 @@
     python -m benchmarks plan_memory --config configs/zebra_8b.py --fsdp 4 [--data 1] [--cpu] [--no-compile] \
         [--config.train.micro_batch_size=1 --config.model.remat=full ...] [--name NAME] [--out DIR]
 
-The train state (float32 weights, AdamW moments, counters) is built abstractly (``jax.eval_shape`` of
-``init_state``'s initializer) with the shardings the trainer gives it on a ``data x fsdp`` mesh (``mesh.py``'s
-rules; ``--config.train.zero1=true`` splits the moments over ``data`` too), so nothing is allocated. Two figures:
+The train state (float32 weights, AdamW moments, counters) is built abstractly (``build_trainer(...,
+abstract=True)``) with the shardings the trainer gives it on a ``data x fsdp`` mesh (``mesh.py``'s rules;
+``--config.train.zero1=true`` splits the moments over ``data`` too), so nothing is allocated. Two figures:
 
 * ``state``: bytes of the parameters and of the optimizer state that one device holds, from each leaf's
   sharding (``sharding.shard_shape``): exact, and the same arithmetic as the running trainer's arrays.
@@ -31,19 +31,13 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from flax import nnx
-from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from benchmarks import configs, record
-from hybrid_jax.model import HybridLM, count_params
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.optim import make_optimizer
-from hybrid_jax.train.step import init_state, make_train_step
-from hybrid_jax.train.validate import validate
+from hybrid_jax.model import count_params
+from hybrid_jax.train.trainer import build_trainer
 
 GIB = 2**30
 
@@ -63,32 +57,13 @@ def full_bytes(tree: Any) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def abstract_train_state(config: ConfigDict, mesh: Mesh) -> tuple[nnx.GraphDef, Any, dict, dict]:
-    """``(graphdef, tx, abstract_state, shardings)`` of the trainer's state on ``mesh``: ``ShapeDtypeStruct``
-    leaves carrying their shardings; no array is allocated."""
-    tx = make_optimizer(config.train)
-    built: dict = {}
-
-    def build() -> dict:
-        model = lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed))  # noqa: E731
-        graphdef, state, shardings = init_state(model, tx, mesh, zero1=config.train.zero1, seed=config.train.seed)
-        built.update(graphdef=graphdef, shardings=shardings)
-        return state
-
-    abstract = jax.eval_shape(build)
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                         built["shardings"])
-    return built["graphdef"], tx, state, built["shardings"]
-
-
-def plan(config: ConfigDict, mesh: Mesh, *, compile_step: bool = True) -> dict:
-    """The per-device state bytes of ``config`` on ``mesh`` and (``compile_step``) the compiled step's memory.
-
-    ``config.train.global_batch_size`` must be the micro batch x accumulation x batch shards the caller wants.
+def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dict:
+    """The per-device state bytes of ``config`` on a mesh of ``devices`` and (``compile_step``) the compiled step's
+    memory. ``config.train.global_batch_size`` must be the micro batch x accumulation x batch shards the caller wants.
     """
-    accum = validate(config, mesh_lib.batch_shards(mesh))
     t0 = time.perf_counter()
-    graphdef, tx, state, shardings = abstract_train_state(config, mesh)
+    trainer = build_trainer(config, devices, abstract=True)  # nothing is allocated
+    mesh, accum, state = trainer.mesh, trainer.accum, trainer.abstract_state
     t = config.train
     out: dict = dict(
         config=config.model.name, params=count_params(config.model), mesh=dict(mesh.shape), devices=mesh.size,
@@ -104,12 +79,9 @@ def plan(config: ConfigDict, mesh: Mesh, *, compile_step: bool = True) -> dict:
     )
     if not compile_step:
         return out
-    step = make_train_step(graphdef, tx, t, mesh, shardings, accum=accum)
-    rows = (t.global_batch_size, 2, t.seq_len + 1) if config.data.get("document_mask") else (
-        t.global_batch_size, t.seq_len + 1)
-    batch = jax.ShapeDtypeStruct(rows, jnp.int32, sharding=mesh_lib.batch_sharding(mesh))
+    batch = trainer.abstract_batch(t.seq_len, t.global_batch_size, config.data.document_mask)
     t0 = time.perf_counter()
-    lowered = step.lower(state, batch)
+    lowered = trainer.step.lower(state, batch)
     t1 = time.perf_counter()
     stats = lowered.compile().memory_analysis()
     t2 = time.perf_counter()
@@ -161,9 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     if len(jax.devices()) < n:
         ap.error(f"data {args.data} x fsdp {args.fsdp} needs {n} devices, this process sees {len(jax.devices())} "
                  "(--cpu: host CPU devices)")
-    mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:n])
-    config.train.global_batch_size = config.train.micro_batch_size * args.accum * mesh_lib.batch_shards(mesh)
-    result = plan(config, mesh, compile_step=not args.no_compile)
+    config.train.global_batch_size = config.train.micro_batch_size * args.accum * n
+    result = plan(config, jax.devices()[:n], compile_step=not args.no_compile)
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
     record.save(args.name or f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}", result, out=args.out)

@@ -53,7 +53,7 @@ from hybrid_jax.config import load_config_file
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.layers import MLP, RMSNorm
 from hybrid_jax.model.mamba2 import Mamba2
-from hybrid_jax.train.loss import cross_entropy
+from hybrid_jax.train.step.loss import cross_entropy
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
 PEAK_BYTES = 4.8e12  # H200 HBM3e

@@ -40,7 +40,7 @@ from hybrid_jax.config import load_config_file
 from hybrid_jax.flops import flops_per_token, mixer_flops_per_token, peak_flops
 from hybrid_jax.model import Sublayer, layer_plan, sublayer_kinds
 from hybrid_jax.model.stack import make_embedding, make_final_norm
-from hybrid_jax.train.loss import cross_entropy
+from hybrid_jax.train.step.loss import cross_entropy
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIGS = ("zebra_300m_gdn_hybrid.py", "zebra_300m_mamba2_hybrid.py", "zebra_300m_kda.py")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from ml_collections import ConfigDict
 
-from hybrid_jax.train.optim import decays
+from hybrid_jax.train.step.optim import decays
 
 
 def param_decays(name: str, ndim: int) -> bool:

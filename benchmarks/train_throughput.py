@@ -21,17 +21,13 @@ from pathlib import Path
 
 import jax
 from absl import logging
-from flax import nnx
 
 from benchmarks import configs, record
-from hybrid_jax.data import make_train_iterator
+from hybrid_jax.data import DataStream
 from hybrid_jax.flops import flops_per_token, peak_flops
-from hybrid_jax.model import HybridLM, count_params
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.metrics import device_memory_gib
-from hybrid_jax.train.optim import make_optimizer
-from hybrid_jax.train.step import init_state, make_train_step
-from hybrid_jax.train.validate import validate
+from hybrid_jax.model import count_params
+from hybrid_jax.train.report.metrics import device_memory_gib
+from hybrid_jax.train.trainer import build_trainer
 
 
 def resident_gib(tree) -> float:
@@ -50,26 +46,16 @@ def resident_gib(tree) -> float:
 
 def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_steps: int = 3,
               devices: list | None = None) -> dict:
-    mesh = mesh_lib.make_mesh(config.mesh, devices)
-    accum = validate(config, mesh_lib.batch_shards(mesh))
-    tx = make_optimizer(config.train)
     t0 = time.perf_counter()
-    graphdef, state, shardings = init_state(
-        lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed)),
-        tx,
-        mesh,
-        zero1=config.train.zero1,
-        seed=config.train.seed,
-    )
-    step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=accum)
-    data = make_train_iterator(config, process_index=jax.process_index(), process_count=jax.process_count())
-    batch_sharding = mesh_lib.batch_sharding(mesh)
+    trainer = build_trainer(config, devices)
+    mesh, accum, state, step = trainer.mesh, trainer.accum, trainer.state, trainer.step
+    data = DataStream.open(config, process_index=jax.process_index(), process_count=jax.process_count())
 
     def run(n: int, fn=step) -> list[dict]:
         nonlocal state
         out = []
         for _ in range(n):
-            state, metrics = fn(state, jax.make_array_from_process_local_data(batch_sharding, next(data)))
+            state, metrics = fn(state, trainer.put(next(data)))
             out.append(metrics)
         return jax.device_get(out)
 
@@ -85,7 +71,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
 
         # The traced steps run a second compile of the step without CUDA command buffers: inside a command buffer
         # every kernel's trace event names the buffer, not its HLO op. That HLO (saved) names each op's JAX scope.
-        batch = jax.make_array_from_process_local_data(batch_sharding, next(data))
+        batch = trainer.put(next(data))
         traced = step.lower(state, batch).compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
         Path(profile).mkdir(parents=True, exist_ok=True)
         (Path(profile) / HLO_FILE).write_text(traced.as_text())

@@ -81,7 +81,7 @@ def test_initialize_passes_the_arguments_to_jax(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
     for key, value in slurm_env(6).items():
         monkeypatch.setenv(key, value)
-    from hybrid_jax.train.mesh import maybe_initialize_distributed
+    from hybrid_jax.train.step.mesh import maybe_initialize_distributed
 
     maybe_initialize_distributed()  # what the trainer calls first
     assert calls == [dict(coordinator_address=f"gpu01:{launch.DEFAULT_PORT}", num_processes=8, process_id=6,

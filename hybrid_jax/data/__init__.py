@@ -1,6 +1,9 @@
-"""Data: tokenizers, ``prepare`` (raw text -> token shards) and the Grain training pipeline."""
+"""Data: tokenizers, ``prepare`` (raw text -> token shards), opening a prepared dataset and the Grain stream of
+typed batches."""
 
-from hybrid_jax.data.pipeline import make_train_iterator
+from hybrid_jax.data.pipeline import Batch, DataStream, resume_position
+from hybrid_jax.data.shards import PreparedDataset, open_dataset
 from hybrid_jax.data.tokenizer import check_vocab, load_tokenizer
 
-__all__ = ["check_vocab", "load_tokenizer", "make_train_iterator"]
+__all__ = ["Batch", "DataStream", "PreparedDataset", "check_vocab", "load_tokenizer", "open_dataset",
+           "resume_position"]

@@ -8,6 +8,7 @@ export) call :func:`run_tokenizer_path`, which also finds it for runs saved befo
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ml_collections import ConfigDict
@@ -15,26 +16,47 @@ from ml_collections import ConfigDict
 from hybrid_jax.data.shards import read_manifest
 from hybrid_jax.data.tokenizer import Tokenizer, file_sha256, load_tokenizer
 
+MOCK_NOTE = "this run has no tokenizer (it trained on mock data, data.source=mock)"
+
 
 class NoTokenizer(ValueError):
     """The run has no tokenizer that can be opened here; the message says why and what to pass."""
 
 
-def tokenizer_from_manifest(data_path: str | Path) -> str:
-    """The tokenizer path recorded in ``data_path``'s manifest, checked to exist and to match its sha256.
+@dataclasses.dataclass
+class RunTokenizer:
+    """A run's tokenizer file, hashed once and opened at most once."""
+
+    path: str
+    sha256: str
+    _tokenizer: Tokenizer | None = None
+
+    @classmethod
+    def of(cls, path: str) -> RunTokenizer:
+        return cls(path, file_sha256(path))
+
+    def load(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.path)
+        return self._tokenizer
+
+
+def tokenizer_from_manifest(manifest: dict, data_path: str | Path) -> RunTokenizer:
+    """The tokenizer recorded in ``data_path``'s ``manifest``, checked to exist and to match its sha256.
 
     Raises :class:`NoTokenizer` (naming the file and ``--config.data.tokenizer``) when the recorded file is not on
     this machine or has changed since the data was prepared.
     """
-    recorded = read_manifest(data_path)["tokenizer"]
-    path, sha = recorded["path"], recorded["sha256"]
+    recorded = manifest["tokenizer"]
+    path, sha = recorded.get("path", ""), recorded.get("sha256", "")
     if not Path(path).is_file():
         raise NoTokenizer(f"{data_path} was prepared with the tokenizer {path}, which is not on this machine: "
                           f"pass --config.data.tokenizer=PATH (a copy with sha256 {sha[:12]}...)")
-    if file_sha256(path) != sha:
+    found = RunTokenizer.of(path)
+    if found.sha256 != sha:
         raise NoTokenizer(f"the tokenizer {path} changed since {data_path} was prepared (sha256 {sha[:12]}... "
                           f"recorded): pass --config.data.tokenizer=PATH to the original file")
-    return path
+    return found
 
 
 def run_tokenizer_path(config: ConfigDict) -> str | None:
@@ -47,16 +69,15 @@ def run_tokenizer_path(config: ConfigDict) -> str | None:
     if config.data.source != "tokens":
         return None
     try:
-        return tokenizer_from_manifest(config.data.path)
-    except FileNotFoundError as e:
-        raise NoTokenizer(f"the run trained on {config.data.path}, whose manifest is gone ({e.__class__.__name__}), "
-                          "and data.tokenizer is empty: pass the tokenizer file it was prepared with") from None
+        manifest = read_manifest(config.data.path)
+    except (FileNotFoundError, ValueError) as e:
+        raise NoTokenizer(f"the run trained on {config.data.path}, whose manifest cannot be read "
+                          f"({e.__class__.__name__}), and data.tokenizer is empty: pass the tokenizer file it was "
+                          "prepared with") from None
+    return tokenizer_from_manifest(manifest, config.data.path).path
 
 
 def run_tokenizer(config: ConfigDict) -> Tokenizer | None:
     """The run's tokenizer (:func:`run_tokenizer_path`), or None when it trained on mock data."""
     path = run_tokenizer_path(config)
     return load_tokenizer(path) if path else None
-
-
-MOCK_NOTE = "this run has no tokenizer (it trained on mock data, data.source=mock)"

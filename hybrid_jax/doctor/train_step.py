@@ -7,34 +7,21 @@ import gc
 import time
 
 import jax
-from flax import nnx
 
-from hybrid_jax.data import make_train_iterator
+from hybrid_jax.data import DataStream
 from hybrid_jax.flops import flops_per_token, peak_flops
-from hybrid_jax.model import HybridLM
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.metrics import device_memory_gib
-from hybrid_jax.train.optim import make_optimizer
-from hybrid_jax.train.step import init_state, make_train_step
-from hybrid_jax.train.validate import validate
-
-
-def _oom(e: BaseException) -> bool:
-    text = str(e).lower()
-    return "resource_exhausted" in text or "out of memory" in text
+from hybrid_jax.train.report.metrics import device_memory_gib
+from hybrid_jax.train.stops import is_out_of_memory
+from hybrid_jax.train.trainer import build_trainer
 
 
 def _measure(config, *, steps: int, warmup: int) -> dict:
     device = jax.devices()[0]
-    mesh = mesh_lib.make_mesh(config.mesh, [device])
-    accum = validate(config, mesh_lib.batch_shards(mesh))
-    tx = make_optimizer(config.train)
-    graphdef, state, shardings = init_state(lambda: HybridLM(config.model, rngs=nnx.Rngs(config.train.seed)), tx,
-                                            mesh, zero1=False, seed=config.train.seed)
-    step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=accum)
-    data = make_train_iterator(config)
-    sharding = mesh_lib.batch_sharding(mesh)
-    batches = [jax.device_put(next(data), sharding) for _ in range(2)]
+    trainer = build_trainer(config, [device])
+    state, step = trainer.state, trainer.step
+    data = DataStream(config, None)
+    batches = [trainer.put(next(data)) for _ in range(2)]
+    data.close()
     t0 = time.perf_counter()
     for i in range(warmup):
         state, metrics = step(state, batches[i % 2])
@@ -58,7 +45,7 @@ def train_step(config, *, steps: int = 5, warmup: int = 2) -> dict:
     """tokens/s, MFU (``hybrid_jax.flops``), step time and peak device memory of one device's training step of
     ``config``, at its micro batch halved until it fits. ``ok`` False with ``error`` when no batch runs."""
     config = config.copy_and_resolve_references()
-    config.data.source, t = "mock", config.train
+    config.data.source, config.train.zero1, t = "mock", False, config.train
     micro, notes = t.micro_batch_size, []
     while True:
         t.micro_batch_size = t.global_batch_size = micro
@@ -68,7 +55,7 @@ def train_step(config, *, steps: int = 5, warmup: int = 2) -> dict:
         except Exception as e:  # noqa: BLE001 - said in the report
             gc.collect()
             jax.clear_caches()
-            if not _oom(e) or micro == 1:
+            if not is_out_of_memory(e) or micro == 1:
                 return dict(config=config.model.name, ok=False, micro_batch_size=micro, notes=notes,
                             error=" ".join(f"{type(e).__name__}: {e}".split())[:300])
             notes.append(f"micro batch {micro} does not fit: halved")

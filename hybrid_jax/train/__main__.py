@@ -57,17 +57,16 @@ def main(argv: list[str]) -> None:
 
         print(show_config(config))
         return
-    from hybrid_jax.train.mesh import maybe_initialize_distributed
+    from hybrid_jax.train.step.mesh import maybe_initialize_distributed
 
     maybe_initialize_distributed()  # before anything touches the devices
 
     import jax
 
-    from hybrid_jax.train.interrupt import Interrupted
-    from hybrid_jax.train.loop import TooManySkippedSteps, train
-    from hybrid_jax.train.out_of_memory import out_of_memory_message
-    from hybrid_jax.train.resume import RUN_ERRORS
-    from hybrid_jax.train.validate import ConfigError
+    from hybrid_jax.checkpoints import RUN_ERRORS
+    from hybrid_jax.train.config_checks import ConfigError
+    from hybrid_jax.train.loop import train
+    from hybrid_jax.train.stops import Interrupted, TooManySkippedSteps, out_of_memory_message
 
     if not config.train.workdir:
         config.train.workdir = f"runs/{config.model.name or 'run'}"

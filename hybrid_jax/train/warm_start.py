@@ -9,16 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
-from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.checkpoints import Checkpointer
+from hybrid_jax.checkpoints.layout import CONFIG, saved_steps
 from hybrid_jax.config import to_json
-from hybrid_jax.data import make_train_iterator
-from hybrid_jax.model import HybridLM
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.checkpoint import Checkpointer
-from hybrid_jax.train.optim import make_optimizer
-from hybrid_jax.train.step import init_state
+from hybrid_jax.train.trainer import build_trainer
 
 
 def _dotted(path: tuple) -> str:
@@ -30,20 +26,18 @@ def write_workdir(config: ConfigDict, params: dict, workdir: str | Path) -> None
     trainer resumes from it with ``config`` (``config.train.workdir`` is set to ``workdir``)."""
     config.train.workdir = str(workdir)
     workdir = Path(workdir)
-    if (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir()):
+    if saved_steps(workdir):
         raise FileExistsError(f"{workdir / 'checkpoints'} already holds checkpoints; import into an empty workdir")
     workdir.mkdir(parents=True, exist_ok=True)
-    t = config.train
-    mesh = mesh_lib.make_mesh(config.mesh)
-    _, state, shardings = init_state(lambda: HybridLM(config.model, rngs=nnx.Rngs(t.seed)), make_optimizer(t), mesh,
-                                     zero1=t.zero1, seed=t.seed)
+    trainer = build_trainer(config)
+    state = trainer.state
     imported = jax.tree_util.tree_map_with_path(lambda p, x: params[_dotted(p)].astype(x.dtype), state["params"])
-    state["params"] = jax.device_put(imported, shardings["params"])
-    data_iter = make_train_iterator(config, process_index=jax.process_index(), process_count=jax.process_count())
-    checkpointer = Checkpointer(workdir, t)
+    state["params"] = jax.device_put(imported, trainer.shardings["params"])
+    checkpointer = Checkpointer(workdir, config)
     try:
-        checkpointer.save(0, state, data_iter, force=True)
+        checkpointer.save(0, state, dict(sequences=0, seq_len=config.train.seq_len, seed=config.train.seed),
+                          force=True)
         checkpointer.wait()
     finally:
         checkpointer.close()
-    (workdir / "config.json").write_text(to_json(config))
+    (workdir / CONFIG).write_text(to_json(config))

@@ -4,7 +4,7 @@ tokens) or random document lengths (mock); the tokens are those of the plain str
 import numpy as np
 import pytest
 
-from hybrid_jax.data import make_train_iterator
+from hybrid_jax.data import DataStream
 from hybrid_jax.data.pipeline import segment_ids_after_eos
 from hybrid_jax.data.prepare import Documents, prepare
 from hybrid_jax.data.shards import read_manifest
@@ -30,22 +30,20 @@ def test_batches_carry_segment_ids_and_resume_exactly(source, dataset):
     overrides = {"data.source": source} if source == "mock" else {
         "data.source": "tokens", "data.path": str(dataset), "model.vocab_size": 300}
     plain, masked = (small_config(**overrides, **{"data.document_mask": on}) for on in (False, True))
-    plain_batches = [next(it) for it in [make_train_iterator(plain)] for _ in range(3)]
-    it = make_train_iterator(masked)
+    plain_batches = [next(it) for it in [DataStream.open(plain)] for _ in range(3)]
+    it = DataStream.open(masked)
     batches = [next(it) for _ in range(3)]
     for b, p in zip(batches, plain_batches, strict=True):
-        assert b.dtype == np.int32 and b.shape == (p.shape[0], 2, p.shape[1])
-        np.testing.assert_array_equal(b[:, 0], p)  # the same tokens as without the mask
-        seg = b[:, 1]
+        assert p.segment_ids is None
+        assert b.segment_ids.dtype == np.int32 and b.segment_ids.shape == b.tokens.shape == p.tokens.shape
+        np.testing.assert_array_equal(b.tokens, p.tokens)  # the same tokens as without the mask
+        seg = b.segment_ids
         assert (seg[:, 0] == 0).all() and (np.diff(seg, axis=1) >= 0).all() and (np.diff(seg, axis=1) <= 1).all()
-    seg = np.concatenate([b[:, 1] for b in batches])
+    seg = np.concatenate([b.segment_ids for b in batches])
     assert seg[:, -1].max() >= 1  # windows do hold several documents
     if source == "tokens":  # a new document starts right after each EOS
         eos = read_manifest(dataset)["eos_id"]
-        tokens = np.concatenate([b[:, 0] for b in batches])
+        tokens = np.concatenate([b.tokens for b in batches])
         np.testing.assert_array_equal(np.diff(seg, axis=1), (tokens[:, :-1] == eos).astype(np.int32))
-    first = make_train_iterator(masked)
-    next(first)
-    resumed = make_train_iterator(masked)
-    resumed.set_state(first.get_state())
-    np.testing.assert_array_equal(next(resumed), batches[1])
+    resumed = DataStream.open(masked, position=masked.train.global_batch_size)
+    np.testing.assert_array_equal(next(resumed).segment_ids, batches[1].segment_ids)

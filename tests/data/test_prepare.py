@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hybrid_jax.data import load_tokenizer, make_train_iterator
+from hybrid_jax.data import DataStream, load_tokenizer
 from hybrid_jax.data.prepare import Documents, open_documents, prepare
 from hybrid_jax.data.shards import read_documents, read_manifest
 from hybrid_jax.prepare import main
@@ -72,11 +72,11 @@ def test_interrupted_run_leaves_no_manifest_and_is_refused(tmp_path, tokenizer):
     assert any(out.glob("shard-*.bin")) and not (out / "manifest.json").exists()
     cfg = small_config(**{"data.source": "tokens", "data.path": str(out), "model.vocab_size": 300})
     with pytest.raises(FileNotFoundError, match="did not finish"):
-        make_train_iterator(cfg)
+        DataStream.open(cfg)
     with pytest.raises(FileExistsError, match="--force"):
         prepare(Documents(iter(DOCS), None), tokenizer, out, progress=False)
     prepare(Documents(iter(DOCS), None), tokenizer, out, force=True, progress=False)
-    assert next(make_train_iterator(cfg)).shape == (4, 17)
+    assert next(DataStream.open(cfg)).tokens.shape == (4, 17)
 
 
 def test_tfds_data_source(tmp_path, tokenizer):

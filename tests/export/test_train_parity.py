@@ -14,11 +14,11 @@ from flax import nnx  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from benchmarks.torch_parity import param_decays, train_torch  # noqa: E402
-from hybrid_jax.data import make_train_iterator  # noqa: E402
+from hybrid_jax.data import DataStream  # noqa: E402
 from hybrid_jax.export.writer import export_model  # noqa: E402
 from hybrid_jax.model import HybridLM  # noqa: E402
 from hybrid_jax.train.loop import train  # noqa: E402
-from hybrid_jax.train.optim import learning_rate_schedule  # noqa: E402
+from hybrid_jax.train.step.optim import learning_rate_schedule  # noqa: E402
 from tests.conftest import load_config  # noqa: E402
 
 STEPS = 12
@@ -43,8 +43,8 @@ def test_losses_match_a_pytorch_loop_step_by_step(tmp_path):
 
     model = HybridLM(cfg.model, rngs=nnx.Rngs(cfg.train.seed))  # what the trainer initialises from the same seed
     export_model(model, cfg, tmp_path / "hf", fmt="hf")
-    data = make_train_iterator(cfg)
-    batches = [np.asarray(next(data)) for _ in range(STEPS)]
+    data = DataStream.open(cfg)
+    batches = [np.asarray(next(data).tokens) for _ in range(STEPS)]
     data.close()
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True, dtype=torch.float32)

@@ -97,8 +97,8 @@ def test_a_malformed_file_is_refused_with_what_is_wrong(tmp_path, edit, message)
 
 
 def test_training_names_its_table_and_refuses_a_missing_file_before_building_anything(tmp_path):
+    from hybrid_jax.train.config_checks import ConfigError
     from hybrid_jax.train.loop import train
-    from hybrid_jax.train.validate import ConfigError
     from tests.conftest import load_config
 
     config = load_config("demo")

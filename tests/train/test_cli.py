@@ -14,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(  # tests/train/common.py's tiny_config as command-line overrides
-    **{"model.pattern": "*-G-", "model.hidden_size": 32, "model.ffn_size": 64, "model.vocab_size": 256},
+    **{"model.pattern": "*-G-", "model.num_layers": 4, "model.hidden_size": 32, "model.ffn_size": 64,
+       "model.vocab_size": 256},
     **{"train.global_batch_size": 16, "train.micro_batch_size": 2, "train.seq_len": 32, "train.warmup_steps": 5},
     **{"train.loss_chunk_size": 96},
 )

@@ -11,11 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks.plan_memory import abstract_train_state, full_bytes, shard_bytes
-from hybrid_jax.data import make_train_iterator
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.checkpoint import Checkpointer
-from hybrid_jax.train.out_of_memory import out_of_memory_message
+from benchmarks.plan_memory import full_bytes, shard_bytes
+from hybrid_jax.checkpoints import Checkpointer
+from hybrid_jax.train.stops import out_of_memory_message
+from hybrid_jax.train.trainer import build_trainer
 from tests.train.common import tiny_config
 from tests.train.test_step import _batches, _run, _setup
 
@@ -32,7 +31,8 @@ def _like(state):
 
 
 def test_each_device_holds_one_nth_of_weights_and_moments():
-    config, mesh, state, *_ = _run(8, zero1=True, fsdp=FSDP)
+    config, trainer, state, *_ = _run(8, zero1=True, fsdp=FSDP)
+    mesh = trainer.mesh
     assert dict(mesh.shape) == {"data": 2, "fsdp": FSDP}
     params, moments = state["params"], state["opt_state"][1][0]  # optax chain: (clip, adamw (mu, nu, count), ...)
     moments = dict(mu=moments.mu, nu=moments.nu)
@@ -44,7 +44,7 @@ def test_each_device_holds_one_nth_of_weights_and_moments():
         assert _bytes_on(moments, device) == pytest.approx(total_moments / 8, rel=0.01)
         assert _bytes_on(moments, device) < total_moments / 7
     # the planner's bytes per device, from abstract state on the same mesh, are what the arrays hold
-    _, _, abstract, _ = abstract_train_state(config, mesh)
+    abstract = build_trainer(config, list(mesh.devices.flat), abstract=True).abstract_state
     device = mesh.devices.flat[0]
     assert shard_bytes(abstract["params"]) == _bytes_on(params, device)
     assert shard_bytes(abstract["opt_state"]) == _bytes_on(state["opt_state"], device)
@@ -52,28 +52,29 @@ def test_each_device_holds_one_nth_of_weights_and_moments():
 
 
 def test_checkpoint_of_an_fsdp_mesh_restores_on_two_data_devices(tmp_path):
-    config, mesh8, state8, step8, losses, _ = _run(8, zero1=True, fsdp=FSDP)
+    config, trainer8, state8, step8, losses, _ = _run(8, zero1=True, fsdp=FSDP)
     assert int(state8["step"]) == 2
     saved = jax.device_get(state8)
-    ckpt = Checkpointer(tmp_path, config.train)
-    assert ckpt.save(2, state8, make_train_iterator(config), force=True)
+    ckpt = Checkpointer(tmp_path, config)
+    assert ckpt.save(2, state8, dict(sequences=32), force=True)
     ckpt.wait()
     next_batch = _batches(config, 3)[2]
 
     # the same run continued on its own mesh, from the checkpoint (the cached state8 is not donated)
-    restored8 = ckpt.restore(_like(state8), None, step=2)
-    _, metrics8 = step8(restored8, jax.device_put(next_batch, mesh_lib.batch_sharding(mesh8)))
+    restored8, position = ckpt.restore(_like(state8), 2)
+    assert position == dict(sequences=32)
+    _, metrics8 = step8(restored8, trainer8.put(next_batch))
 
     # restored onto 2 devices, data parallel only, moments replicated (no ZeRO-1): a fresh state gives the target
-    _, mesh2, fresh2, step2, accum2 = _setup(2, micro=8)
-    assert dict(mesh2.shape) == {"data": 2, "fsdp": 1} and accum2 == 1
-    restored2 = ckpt.restore(_like(fresh2), None, step=2)
+    _, trainer2, fresh2, step2, accum2 = _setup(2, micro=8)
+    assert dict(trainer2.mesh.shape) == {"data": 2, "fsdp": 1} and accum2 == 1
+    restored2, _ = ckpt.restore(_like(fresh2), 2)
     ckpt.close()
     for (path, want), got, target in zip(jax.tree_util.tree_leaves_with_path(saved), jax.tree.leaves(restored2),
                                          jax.tree.leaves(fresh2), strict=True):
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=jax.tree_util.keystr(path))
         assert got.sharding == target.sharding and len(got.sharding.device_set) == 2
-    _, metrics2 = step2(restored2, jax.device_put(next_batch, mesh_lib.batch_sharding(mesh2)))
+    _, metrics2 = step2(restored2, trainer2.put(next_batch))
 
     loss8, loss2 = float(metrics8["loss"]), float(metrics2["loss"])
     assert np.isfinite(loss2) and bool(metrics2["finite"])

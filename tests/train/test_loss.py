@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.train.loss import cross_entropy, plain_cross_entropy
+from hybrid_jax.train.step.loss import cross_entropy, plain_cross_entropy
 
 
 @pytest.mark.parametrize("vocab,chunk", [(96, 4), (100, 5), (50, 15), (50, 64)])

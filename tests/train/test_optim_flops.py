@@ -9,7 +9,7 @@ from flax import nnx
 
 from hybrid_jax.flops import flops_per_token, peak_flops
 from hybrid_jax.model import HybridLM, count_params
-from hybrid_jax.train.optim import decay_mask, learning_rate_schedule
+from hybrid_jax.train.step.optim import decay_mask, learning_rate_schedule
 from tests.conftest import load_config
 from tests.train.common import tiny_config
 

@@ -14,13 +14,17 @@ import pytest
 from flax import nnx
 
 import hybrid_jax
-from hybrid_jax.checkpoints import CheckpointReader, read_config
-from hybrid_jax.train import integrity
-from hybrid_jax.train.checkpoint import Checkpointer, NoUsableCheckpoint
-from hybrid_jax.train.config_history import ConfigChangeRefused
-from hybrid_jax.train.lock import WorkdirLocked
+from hybrid_jax.checkpoints import (
+    CheckpointReader,
+    ConfigChangeRefused,
+    NoUsableCheckpoint,
+    WorkdirLocked,
+    integrity,
+    latest_step,
+    read_config,
+)
 from hybrid_jax.train.loop import train
-from hybrid_jax.train.optim import learning_rate_schedule
+from hybrid_jax.train.step.optim import learning_rate_schedule
 from tests.train.common import tiny_config
 
 
@@ -46,7 +50,7 @@ def test_resume_is_exact(straight, tmp_path):
     config = tiny_config(str(tmp_path))
     first = train(config, stop_after=30, log=lambda *_: None)
     assert first["step"] == 30
-    assert Checkpointer(tmp_path).latest_step() == 30
+    assert latest_step(tmp_path) == 30
     resumed = train(config, log=lambda *_: None)
     assert resumed["step"] == 40
     np.testing.assert_allclose(resumed["loss"], record["loss"], rtol=1e-6)
@@ -113,7 +117,7 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one_with_an_identical_c
     run = _copy_run(straight, tmp_path)
     newest = run / "checkpoints" / "40"
     files = json.loads((newest / "integrity.json").read_text())["files"]
-    assert "state/_METADATA" in files and "data/process_0-of-1.json" in files
+    assert "state/_METADATA" in files and "data/metadata" in files and "config.json" in files
     largest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     with open(largest, "r+b") as f:  # 16 KiB of garbage over the largest data file, size unchanged
         f.seek(64)
@@ -178,7 +182,7 @@ def test_a_changed_config_is_recorded_and_a_model_change_refused(straight, tmp_p
 def test_a_second_run_on_the_workdir_is_refused_and_a_dead_runs_lock_taken_over(straight, tmp_path):
     run = _copy_run(straight, tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from hybrid_jax.train.lock import WorkdirLock; "
+        [sys.executable, "-c", "import sys, time; from hybrid_jax.checkpoints.lock import WorkdirLock; "
          "WorkdirLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(120)", str(run)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
     try:
@@ -190,7 +194,7 @@ def test_a_second_run_on_the_workdir_is_refused_and_a_dead_runs_lock_taken_over(
         holder.wait()
     lines: list[str] = []
     train(tiny_config(str(run)), log=lambda *a: lines.append(" ".join(map(str, a))))
-    assert any(f"took over the lock of a run that no longer exists (pid {holder.pid} on" in line for line in lines)
+    assert any(f"took over the lock of a run that has ended (pid {holder.pid} on" in line for line in lines)
     assert not (run / "train.lock").exists()  # released at the end
 
 
@@ -202,7 +206,7 @@ def test_sigint_mid_run_saves_the_step_and_the_rerun_resumes_exactly(straight, t
     import signal
     import threading
 
-    from hybrid_jax.train.interrupt import Interrupted, StopRequests
+    from hybrid_jax.train.stops import Interrupted, StopRequests
 
     def interrupt_once_armed():  # SIGINT as soon as the trainer's handler is installed (it is compiling step 1)
         while getattr(signal.getsignal(signal.SIGINT), "__self__", None).__class__ is not StopRequests:
@@ -217,7 +221,7 @@ def test_sigint_mid_run_saves_the_step_and_the_rerun_resumes_exactly(straight, t
     assert (e.value.step, e.value.exit_status) == (1, 130)
     assert str(e.value) == (f"SIGINT: interrupted at step 1; checkpoint saved in {tmp_path}; rerun the same command "
                             "to resume")
-    assert Checkpointer(tmp_path).latest_step() == 1
+    assert latest_step(tmp_path) == 1
     assert signal.getsignal(signal.SIGINT) is handler  # the previous handler is back
 
     resumed = train(config, log=lambda *_: None)

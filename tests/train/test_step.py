@@ -3,60 +3,49 @@
 import jax
 import numpy as np
 import pytest
-from flax import nnx
-from ml_collections import ConfigDict
 
-from hybrid_jax.model import HybridLM
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.loop import TooManySkippedSteps, _check_skipped
-from hybrid_jax.train.metrics import MetricsLogger
-from hybrid_jax.train.optim import make_optimizer
-from hybrid_jax.train.step import init_state, make_train_step
-from hybrid_jax.train.validate import validate
+from hybrid_jax.data.pipeline import Batch
+from hybrid_jax.train.stops import TooManySkippedSteps, check_skipped
+from hybrid_jax.train.trainer import build_trainer
 from tests.train.common import tiny_config
 
 
 def _setup(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1):
     # eps 1e-4: Adam divides each gradient by its own magnitude, so a gradient component that is ~0 would become
     # +-lr on either side of a rounding-level difference; a larger eps keeps the comparison about the step itself.
-    config = tiny_config(micro_batch_size=micro, zero1=zero1, warmup_steps=0, eps=1e-4)
-    config.model.pattern = "*-G-"
-    mesh = mesh_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=fsdp)), jax.devices()[:n_devices])
-    accum = validate(config, mesh_lib.batch_shards(mesh))
-    tx = make_optimizer(config.train)
-    graphdef, state, shardings = init_state(
-        lambda: HybridLM(config.model, rngs=nnx.Rngs(0)), tx, mesh, zero1=zero1, seed=0
-    )
-    step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=accum)
-    return config, mesh, state, step, accum
+    config = tiny_config(micro_batch_size=micro, zero1=zero1, warmup_steps=0, eps=1e-4, seed=0)
+    config.mesh.fsdp = fsdp
+    trainer = build_trainer(config, jax.devices()[:n_devices])
+    return config, trainer, trainer.state, trainer.step, trainer.accum
 
 
-def _batches(config, n: int) -> list[np.ndarray]:
+def _batches(config, n: int) -> list[Batch]:
     rng = np.random.default_rng(0)
     shape = (config.train.global_batch_size, config.train.seq_len + 1)
-    return [rng.integers(0, config.model.vocab_size, shape, dtype=np.int32) for _ in range(n)]
+    return [Batch(rng.integers(0, config.model.vocab_size, shape, dtype=np.int32)) for _ in range(n)]
 
 
 _RUNS: dict = {}
 
 
 def _run(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1):
-    """Two steps on fixed batches; returns ``(config, mesh, state, step, losses, accum)`` (cached per setting)."""
+    """Two steps on fixed batches; returns ``(config, trainer, state, step, losses, accum)`` (cached per setting)."""
     key = (n_devices, zero1, micro, fsdp)
     if key not in _RUNS:
-        config, mesh, state, step, accum = _setup(n_devices, zero1=zero1, micro=micro, fsdp=fsdp)
+        config, trainer, state, step, accum = _setup(n_devices, zero1=zero1, micro=micro, fsdp=fsdp)
         losses = []
         for batch in _batches(config, 2):
-            state, metrics = step(state, jax.device_put(batch, mesh_lib.batch_sharding(mesh)))
+            state, metrics = step(state, trainer.put(batch))
             losses.append(float(metrics["loss"]))
-        _RUNS[key] = config, mesh, state, step, losses, accum
+        _RUNS[key] = config, trainer, state, step, losses, accum
     return _RUNS[key]
 
 
 @pytest.mark.parametrize(
     "zero1,micro,fsdp,want_accum",
-    # the last two: ZeRO-3, fsdp 2 x data 4 and fsdp 4 x data 2 (test_fsdp.py reuses the latter's run)
-    [(False, 2, 1, 1), (True, 2, 1, 1), (True, 1, 1, 2), (True, 2, 2, 1), (True, 2, 4, 1)],
+    # plain data parallel; ZeRO-1 with accumulation over fsdp 2 x data 4; ZeRO-3 fsdp 4 x data 2 with ZeRO-1
+    # (test_fsdp.py reuses the last one's run)
+    [(False, 2, 1, 1), (True, 1, 2, 2), (True, 2, 4, 1)],
 )
 def test_data_parallel_step_equals_single_device(zero1, micro, fsdp, want_accum):
     _, _, ref_state, _, ref_losses, ref_accum = _run(1, micro=16)
@@ -83,11 +72,11 @@ def test_data_parallel_step_equals_single_device(zero1, micro, fsdp, want_accum)
 
 
 def test_non_finite_batch_is_skipped_bit_identically():
-    config, mesh, state, step, _, _ = _run(8, zero1=True)
-    del _RUNS[(8, True, 2, 1)]  # its state is donated below
+    config, trainer, state, step, _, _ = _run(8)
+    del _RUNS[(8, False, 2, 1)]  # its state is donated below
     good, bad = _batches(config, 2)
-    bad[3, 5] = config.model.vocab_size  # an out-of-range token id: its embedding lookup is NaN
-    put = lambda b: jax.device_put(b, mesh_lib.batch_sharding(mesh))
+    bad.tokens[3, 5] = config.model.vocab_size  # an out-of-range token id: its embedding lookup is NaN
+    put = trainer.put
     before = jax.device_get(dict(params=state["params"], opt_state=state["opt_state"]))
     state, metrics = step(state, put(bad))
     assert not bool(metrics["finite"]) and not np.isfinite(float(metrics["loss"]))
@@ -100,25 +89,25 @@ def test_non_finite_batch_is_skipped_bit_identically():
     assert bool(metrics["finite"]) and int(metrics["skipped"]) == 1 and int(metrics["skipped_in_a_row"]) == 0
 
 
-def test_run_stops_after_too_many_skips_in_a_row(tmp_path):
-    logger = MetricsLogger(tmp_path, flops_per_token=1.0, tokens_per_step=1, total_steps=10)
+def test_run_stops_after_too_many_skips_in_a_row():
+    warnings = []
     bad = lambda n: dict(finite=np.bool_(False), skipped_in_a_row=np.int32(n), skipped=np.int32(n))
-    _check_skipped(4, bad(2), 3, logger)  # below the limit: a warning only
+    check_skipped(4, bad(2), 3, warnings.append)  # below the limit: a warning only
+    assert warnings == ["step 4: non-finite loss, gradient or update, update skipped (2 in a row, 2 in total)"]
     with pytest.raises(TooManySkippedSteps, match="3 steps in a row.*max_skipped_in_a_row=3"):
-        _check_skipped(5, bad(3), 3, logger)
-    logger.close()
+        check_skipped(5, bad(3), 3, warnings.append)
 
 
 def test_step_lowers_ahead_of_time_from_abstract_state():
     """``step.lower`` compiles for shape-only arguments (what the max-batch benchmark does), with the shardings, and
     the compiled step reports a memory analysis that grows with the batch."""
-    config, mesh, state, step, _ = _setup(2, zero1=True)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    config = tiny_config(zero1=True)
+    trainer = build_trainer(config, jax.devices()[:2], abstract=True)
+    assert trainer.state is None
 
     def temp_bytes(batch: int) -> int:
-        tokens = jax.ShapeDtypeStruct((batch, config.train.seq_len + 1), np.int32,
-                                      sharding=mesh_lib.batch_sharding(mesh))
-        compiled = step.lower(abstract, tokens).compile()
+        tokens = trainer.abstract_batch(config.train.seq_len, batch)
+        compiled = trainer.step.lower(trainer.abstract_state, tokens).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
     assert 0 < temp_bytes(config.train.global_batch_size) < temp_bytes(4 * config.train.global_batch_size)
@@ -126,14 +115,11 @@ def test_step_lowers_ahead_of_time_from_abstract_state():
 
 def test_finite_loss_and_gradient_with_an_overflowing_update_is_skipped():
     """lr 1e30: the step's loss and gradient are finite but the update overflows float32 -> skipped, weights kept."""
-    config = tiny_config(lr=1e30, min_lr=0.0, warmup_steps=0, micro_batch_size=16)
-    mesh = mesh_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:1])
-    tx = make_optimizer(config.train)
-    graphdef, state, shardings = init_state(lambda: HybridLM(config.model, rngs=nnx.Rngs(0)), tx, mesh,
-                                            zero1=False, seed=0)
-    step = make_train_step(graphdef, tx, config.train, mesh, shardings, accum=1)
+    config = tiny_config(lr=1e30, min_lr=0.0, warmup_steps=0, micro_batch_size=16, seed=0)
+    trainer = build_trainer(config, jax.devices()[:1])
+    state = trainer.state
     before = jax.device_get(state["params"])
-    state, metrics = step(state, jax.device_put(_batches(config, 1)[0], mesh_lib.batch_sharding(mesh)))
+    state, metrics = trainer.step(state, trainer.put(_batches(config, 1)[0]))
     assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
     assert float(metrics["lr"]) == pytest.approx(1e30, rel=1e-6)
     assert not bool(metrics["finite"]) and int(metrics["skipped"]) == 1 and int(metrics["skipped_in_a_row"]) == 1

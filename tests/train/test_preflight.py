@@ -11,12 +11,12 @@ import pytest
 from flax import nnx
 
 import hybrid_jax
+from hybrid_jax.data.heldout import heldout_windows
 from hybrid_jax.data.prepare import Documents, prepare
-from hybrid_jax.data.run_tokenizer import NoTokenizer, run_tokenizer_path
-from hybrid_jax.data.validation import validation_windows
+from hybrid_jax.data.run_tokenizer import NoTokenizer, RunTokenizer, run_tokenizer_path
+from hybrid_jax.train.config_checks import ConfigError
 from hybrid_jax.train.loop import train
-from hybrid_jax.train.loss import cross_entropy
-from hybrid_jax.train.validate import ConfigError
+from hybrid_jax.train.step.loss import cross_entropy
 from tests.data.util import sample_documents, tiny_hf_tokenizer
 from tests.train.common import tiny_config
 
@@ -91,7 +91,7 @@ def test_tokenizer_from_the_manifest_and_validation_loss(prepared, tmp_path):
     assert val[6]["val_ppl"] == pytest.approx(math.exp(val[6]["val_loss"]), rel=1e-9)
 
     model, loaded = hybrid_jax.load(tmp_path)  # the same windows scored from the checkpoint: the same number
-    windows = validation_windows(loaded, 2 * 2 * jax.device_count())
+    windows = heldout_windows(loaded, 2 * 2 * jax.device_count(), RunTokenizer.of(loaded.data.tokenizer)).tokens
     loss = nnx.jit(lambda m, t: cross_entropy(m.features(t[:, :-1]), jnp.asarray(m.embedding), t[:, 1:], chunk_size=96))
     expected = float(loss(model, jnp.asarray(windows)))
     np.testing.assert_allclose(val[6]["val_loss"], expected, rtol=1e-5)
@@ -99,28 +99,27 @@ def test_tokenizer_from_the_manifest_and_validation_loss(prepared, tmp_path):
     old = _tokens_config(prepared, tmp_path)  # a run saved before the trainer recorded it: found at read time
     assert run_tokenizer_path(old) == recorded
     gone = _tokens_config(prepared, tmp_path, **{"data.path": str(tmp_path / "gone")})
-    with pytest.raises(NoTokenizer, match="manifest is gone"):
+    with pytest.raises(NoTokenizer, match="whose manifest cannot be read"):
         run_tokenizer_path(gone)
 
 
 def test_validation_windows_are_fixed_and_carry_segment_ids_with_document_mask(prepared, tmp_path):
-    config = _tokens_config(prepared, tmp_path, **{"data.validation_path": str(prepared["val"]),
-                                                   "data.tokenizer": str(prepared["tokenizer"])})
-    plain = validation_windows(config, 40)
-    assert plain.shape == (40, 33) and plain.dtype == np.int32
-    np.testing.assert_array_equal(validation_windows(config, 3), plain[:3])  # the same windows, in order
+    config = _tokens_config(prepared, tmp_path, **{"data.validation_path": str(prepared["val"])})
+    tokenizer = RunTokenizer.of(str(prepared["tokenizer"]))
+    plain = heldout_windows(config, 40, tokenizer)
+    assert plain.tokens.shape == (40, 33) and plain.tokens.dtype == np.int32 and plain.segment_ids is None
+    np.testing.assert_array_equal(heldout_windows(config, 3, tokenizer).tokens, plain.tokens[:3])  # same, in order
     config.data.document_mask = True
-    packed = validation_windows(config, 40)
-    assert packed.shape == (40, 2, 33)
-    np.testing.assert_array_equal(packed[:, 0], plain)
+    packed = heldout_windows(config, 40, tokenizer)
+    np.testing.assert_array_equal(packed.tokens, plain.tokens)
     eos = 2  # tiny_hf_tokenizer's </s>
-    for tokens, segments in packed:
+    for tokens, segments in zip(*packed, strict=True):
         np.testing.assert_array_equal(segments, np.concatenate([[0], np.cumsum(tokens[:-1] == eos)]))
-    assert packed[:, 1].max() > 0  # some window spans a document boundary
+    assert packed.segment_ids.max() > 0  # some window spans a document boundary
 
 
 def test_a_warmup_longer_than_the_run_is_cut_with_a_note():
-    from hybrid_jax.train.validate import clamp_warmup
+    from hybrid_jax.train.config_checks import clamp_warmup
 
     t = tiny_config().train
     t.update(dict(steps=5, warmup_steps=30))

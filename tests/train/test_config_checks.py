@@ -2,7 +2,7 @@
 
 import pytest
 
-from hybrid_jax.train.validate import ConfigError, validate
+from hybrid_jax.train.config_checks import ConfigError, check_config
 from tests.train.common import tiny_config
 
 
@@ -13,5 +13,5 @@ def test_non_positive_model_sizes_are_refused(key, value):
     section, _, name = key.rpartition(".")
     (config.model[section] if section else config.model)[name] = value
     with pytest.raises(ConfigError, match=rf"^model.{key}={value} must be a positive integer$"):
-        validate(config, 8)
-    assert validate(tiny_config(), 8) == 1  # the unchanged config passes (chunk_size 0 allowed)
+        check_config(config, 8)
+    assert check_config(tiny_config(), 8) == 1  # the unchanged config passes (chunk_size 0 allowed)

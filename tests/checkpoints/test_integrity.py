@@ -2,13 +2,13 @@
 
 import time
 
-import grain
 import jax.numpy as jnp
 import pytest
 
-from hybrid_jax.train import integrity
-from hybrid_jax.train.checkpoint import Checkpointer, CheckpointSaveError
+from hybrid_jax.checkpoints import Checkpointer, CheckpointSaveError, integrity
 from tests.train.common import tiny_config
+
+POSITION = dict(sequences=0)
 
 
 def _state(value: float) -> dict:
@@ -16,10 +16,9 @@ def _state(value: float) -> dict:
 
 
 def test_saves_follow_save_every_carry_checksums_and_fail_fast_in_one_line(tmp_path):
-    ckpt = Checkpointer(tmp_path, tiny_config(save_every=10).train)
-    it = iter(grain.MapDataset.range(100).to_iter_dataset())
+    ckpt = Checkpointer(tmp_path, tiny_config(save_every=10))
     assert not ckpt.manager.should_save(1) and ckpt.manager.should_save(10)  # no Orbax initial save at step 1
-    assert [ckpt.save(s, _state(float(s)), it) for s in (1, 5, 10)] == [False, False, True]
+    assert [ckpt.save(s, _state(float(s)), POSITION) for s in (1, 5, 10)] == [False, False, True]
     ckpt.wait()
     step = tmp_path / "checkpoints" / "10"
     assert integrity.verify(step) is None
@@ -38,9 +37,9 @@ def test_saves_follow_save_every_carry_checksums_and_fail_fast_in_one_line(tmp_p
     folder.write_text("")
     start = time.perf_counter()
     with pytest.raises(CheckpointSaveError) as error:
-        ckpt.save(20, _state(20.0), it)
+        ckpt.save(20, _state(20.0), POSITION)
     assert time.perf_counter() - start < 20
     message = str(error.value)
     assert message.startswith(f"saving the checkpoint of step 20: checkpoint folder {folder} ") and "\n" not in message
     with pytest.raises(CheckpointSaveError, match=rf"checkpoint folder {folder} is not a folder; free space"):
-        Checkpointer(tmp_path, tiny_config().train)
+        Checkpointer(tmp_path, tiny_config())

@@ -8,7 +8,8 @@ steps since the previous log, after the device finished them. A validation is it
 
 On resume from step ``N`` the lines past ``N`` (written by the run that was interrupted after its checkpoint) are
 dropped from ``metrics.jsonl`` and TensorBoard is told to purge its points past ``N`` (``purge_step``), so every
-step appears once and the plots have no doubled segment.
+step appears once and the plots have no doubled segment. A line that is not JSON (the cut last write of a killed
+run) is dropped too, with a note.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import jax
 from rich.console import Console
 from tensorboardX import SummaryWriter
 
+from hybrid_jax.checkpoints.layout import METRICS, TENSORBOARD
+from hybrid_jax.checkpoints.storage import storage_error
 from hybrid_jax.flops import peak_flops
 
 GIB = 2**30
-METRICS = "metrics.jsonl"
 
 
 def device_memory_gib() -> tuple[float | None, float | None]:
@@ -35,17 +37,28 @@ def device_memory_gib() -> tuple[float | None, float | None]:
     return (use / GIB if use is not None else None), (peak / GIB if peak is not None else None)
 
 
-def drop_rows_after(path: Path, step: int) -> int:
-    """Rewrite the ``metrics.jsonl`` at ``path`` without the rows past ``step`` (atomically); returns how many."""
+def _row(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def drop_rows_after(path: Path, step: int) -> tuple[int, int]:
+    """Rewrite the ``metrics.jsonl`` at ``path`` without the rows past ``step`` and without lines that are not JSON
+    rows (atomically); returns how many of each were dropped."""
     if not path.is_file():
-        return 0
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        return 0, 0
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    rows = [(line, _row(line)) for line in lines]
+    kept = [line for line, row in rows if row is not None and row.get("step", 0) <= step]
+    unreadable = sum(row is None for _, row in rows)
     if len(kept) < len(lines):
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, path)
-    return len(lines) - len(kept)
+    return len(lines) - len(kept) - unreadable, unreadable
 
 
 class MetricsLogger:
@@ -68,11 +81,18 @@ class MetricsLogger:
         self.dropped = 0
         if self.enabled:
             path = Path(workdir) / METRICS
-            if resume_step is not None:
-                self.dropped = drop_rows_after(path, resume_step)
-            self.jsonl = open(path, "a")  # noqa: SIM115 (closed in close())
-            purge = dict(purge_step=resume_step + 1) if resume_step is not None else {}
-            self.tb = SummaryWriter(str(Path(workdir) / "tensorboard"), **purge)
+            try:
+                self.dropped, unreadable = drop_rows_after(path, resume_step) if resume_step is not None else (0, 0)
+                self.jsonl = open(path, "a")  # noqa: SIM115 (closed in close())
+                purge = dict(purge_step=resume_step + 1) if resume_step is not None else {}
+                self.tb = SummaryWriter(str(Path(workdir) / TENSORBOARD), **purge)
+            except OSError as e:
+                if (error := storage_error(e, path, "the metrics file")) is None:
+                    raise
+                raise error from None
+            if unreadable:
+                self.console.print(f"note: dropped {unreadable} unreadable line(s) of {path} (a write cut short)",
+                                   soft_wrap=True, markup=False, highlight=False)
 
     def start_clock(self, step: int) -> None:
         """Measure throughput from now, when ``step`` has just finished on the device."""

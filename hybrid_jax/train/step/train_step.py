@@ -24,18 +24,21 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 
-from hybrid_jax.train import mesh as mesh_lib
-from hybrid_jax.train.loss import cross_entropy
-from hybrid_jax.train.optim import learning_rate_schedule
+from hybrid_jax.data.pipeline import Batch
+from hybrid_jax.train.step import mesh as mesh_lib
+from hybrid_jax.train.step.loss import cross_entropy
+from hybrid_jax.train.step.optim import learning_rate_schedule
 
 State = dict[str, Any]
 ModelFactory = Callable[[], nnx.Module]
 
 
 def init_state(
-    model_factory: ModelFactory, tx: optax.GradientTransformation, mesh: Mesh, *, zero1: bool, seed: int
+    model_factory: ModelFactory, tx: optax.GradientTransformation, mesh: Mesh, *, zero1: bool, seed: int,
+    abstract: bool = False,
 ) -> tuple[nnx.GraphDef, State, dict[str, NamedSharding]]:
-    """Build the model and optimizer state directly in their shardings (never whole on one device).
+    """Build the model and optimizer state directly in their shardings (never whole on one device); ``abstract``:
+    only their ``ShapeDtypeStruct`` (nothing allocated).
 
     Returns ``(graphdef, state, state_shardings)``; ``nnx.merge(graphdef, state["params"])`` is the model.
     """
@@ -53,8 +56,10 @@ def init_state(
         )
 
     graphdef, _ = nnx.split(nnx.eval_shape(model_factory), nnx.Param)
-    abstract = jax.eval_shape(init)
-    shardings = state_shardings(abstract, mesh, zero1=zero1)
+    shapes = jax.eval_shape(init)
+    shardings = state_shardings(shapes, mesh, zero1=zero1)
+    if abstract:
+        return graphdef, shapes, shardings
     return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
 
 
@@ -74,8 +79,7 @@ def _finite_norm(tree: Any) -> jax.Array:
 
 
 def split_micro_batches(batch: jax.Array, accum: int, shards: int) -> jax.Array:
-    """``[B, L]`` batch (or ``[B, 2, L]``: tokens and segment ids, ``data.document_mask``; split over ``shards``
-    devices on B) -> ``[accum, B // accum, ...]`` micro-batches.
+    """``[B, L]`` (split over ``shards`` devices on B) -> ``[accum, B // accum, L]`` micro-batches.
 
     Device ``d`` holds rows ``[d * B/shards, (d+1) * B/shards)``; micro-batch ``a`` takes the ``a``-th
     ``B/(shards*accum)`` rows of every device's block, so no data moves between devices.
@@ -83,6 +87,15 @@ def split_micro_batches(batch: jax.Array, accum: int, shards: int) -> jax.Array:
     b, *rest = batch.shape
     micro = batch.reshape(shards, accum, b // (shards * accum), *rest).swapaxes(0, 1)
     return micro.reshape(accum, b // accum, *rest)
+
+
+def batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk_size: int) -> jax.Array:
+    """Mean next-token cross-entropy of the model ``(graphdef, params)`` on ``batch`` (its documents kept apart when
+    it has segment ids)."""
+    model = nnx.merge(graphdef, params)
+    segment_ids = None if batch.segment_ids is None else batch.segment_ids[:, :-1]
+    h = model.features(batch.tokens[:, :-1], segment_ids)
+    return cross_entropy(h, jnp.asarray(model.embedding), batch.tokens[:, 1:], chunk_size=chunk_size)
 
 
 def make_train_step(
@@ -94,8 +107,9 @@ def make_train_step(
     *,
     accum: int,
 ) -> Callable[[State, jax.Array], tuple[State, dict[str, jax.Array]]]:
-    """The jitted ``step(state, batch [B, T+1] int32) -> (state, metrics)`` with donated state;
-    ``step.lower(state, batch)`` lowers it ahead of time (abstract arguments allowed).
+    """The jitted ``step(state, batch) -> (state, metrics)`` with donated state (``batch``: a
+    :class:`~hybrid_jax.data.pipeline.Batch` of ``[B, T+1]`` int32 arrays); ``step.lower(state, batch)`` lowers it
+    ahead of time (abstract arguments allowed).
 
     ``metrics``: float32 ``loss`` (mean over the batch's tokens), ``grad_norm`` (before clipping), ``lr``
     (of this update), bool ``finite``, int32 ``skipped`` and ``skipped_in_a_row``.
@@ -103,21 +117,15 @@ def make_train_step(
     schedule = learning_rate_schedule(train_cfg)
     shards = mesh_lib.batch_shards(mesh)
     micro_sharding = NamedSharding(mesh, PartitionSpec(None, mesh_lib.RULES["batch"]))
+    chunk = train_cfg.loss_chunk_size
 
-    def loss_fn(params, tokens):
-        model = nnx.merge(graphdef, params)
-        segment_ids = None
-        if tokens.ndim == 3:  # data.document_mask: [B, 2, T+1] tokens and segment ids
-            tokens, segment_ids = tokens[:, 0], tokens[:, 1, :-1]
-        h = model.features(tokens[:, :-1], segment_ids)
-        return cross_entropy(h, jnp.asarray(model.embedding), tokens[:, 1:], chunk_size=train_cfg.loss_chunk_size)
-
-    def step(state: State, batch: jax.Array):
+    def step(state: State, batch: Batch):
         params = state["params"]
-        micro = jax.lax.with_sharding_constraint(split_micro_batches(batch, accum, shards), micro_sharding)
+        micro = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(split_micro_batches(x, accum, shards),
+                                                                        micro_sharding), batch)
 
-        def accumulate(carry, tokens):
-            loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        def accumulate(carry, micro_batch):
+            loss, grads = jax.value_and_grad(lambda p: batch_loss(p, graphdef, micro_batch, chunk))(params)
             return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
         zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
@@ -155,11 +163,11 @@ def make_train_step(
     batch_sh = mesh_lib.batch_sharding(mesh)
     jitted = jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
 
-    def run(state: State, batch: jax.Array) -> tuple[State, dict[str, jax.Array]]:
+    def run(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
         with jax.set_mesh(mesh):  # traced under the mesh: the Pallas kernels then run per batch shard (shard_map)
             return jitted(state, batch)
 
-    def lower(state: State, batch: jax.Array) -> jax.stages.Lowered:
+    def lower(state: State, batch: Batch) -> jax.stages.Lowered:
         """The step lowered for (possibly abstract, sharded) arguments: ``.compile()`` ahead of time."""
         with jax.set_mesh(mesh):
             return jitted.lower(state, batch)

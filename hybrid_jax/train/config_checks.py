@@ -1,0 +1,125 @@
+"""Up-front checks of a run config's values, each a one-line :class:`ConfigError` that names the key and says what to
+change. They look only at the config (no files, no devices beyond the batch-shard count), so they run before
+anything is built or written; the files a run reads are checked by :mod:`hybrid_jax.train.preflight`."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from ml_collections import ConfigDict
+
+from hybrid_jax.model.plan import sublayer_kinds
+
+KERNEL_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
+REMAT_MODES = ("none", "mixer", "full")
+DATA_SOURCES = ("mock", "tokens")
+MAY_BE_ZERO = frozenset({"chunk_size"})  # 0: tuned per GPU and mixer
+_SIZE_WORDS = ("size", "dim", "heads", "rank", "layers", "groups", "expand", "vocab")
+
+
+class ConfigError(ValueError):
+    """A run config that cannot train; the message names the keys and the numbers."""
+
+
+def accumulation_steps(train_cfg: ConfigDict, batch_shards: int) -> int:
+    """``global_batch / (micro_batch x batch_shards)``; a ConfigError when it does not divide."""
+    g, m = train_cfg.global_batch_size, train_cfg.micro_batch_size
+    if g <= 0 or m <= 0:
+        raise ConfigError(f"train.global_batch_size={g} and train.micro_batch_size={m} must be positive")
+    if g % (m * batch_shards):
+        raise ConfigError(
+            f"train.global_batch_size={g} must equal micro_batch_size x accumulation x data shards, but it is not "
+            f"divisible by micro_batch_size={m} x data shards={batch_shards} = {m * batch_shards}; "
+            f"choose a global batch that is a multiple of {m * batch_shards} or another micro_batch_size"
+        )
+    return g // (m * batch_shards)
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} must be one of {', '.join(allowed)}")
+
+
+def _flat(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def check_model(model: ConfigDict) -> None:
+    """Every size, count and rank of ``model`` a positive integer, the plan and dtypes valid."""
+    for key, value in _flat(model.to_dict()):
+        if not any(word in key for word in _SIZE_WORDS) or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if value < 0 or (value == 0 and key not in MAY_BE_ZERO):
+            raise ConfigError(f"model.{key}={value} must be a positive integer")
+    try:
+        sublayer_kinds(model)
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+    if model.pattern and model.num_layers != len(model.pattern):
+        raise ConfigError(f"model.num_layers={model.num_layers} has no effect beside model.pattern={model.pattern!r} "
+                          f"({len(model.pattern)} sublayers): change the pattern, set num_layers={len(model.pattern)}, "
+                          "or set model.pattern='' to plan the layers from num_layers")
+    for key in ("dtype", "param_dtype"):
+        try:
+            jnp.dtype(model[key])
+        except TypeError:
+            raise ConfigError(f"model.{key}={model[key]!r} is not a dtype (e.g. bfloat16, float32)") from None
+    _one_of("model.kernel_impl", model.kernel_impl, KERNEL_IMPLS)
+    _one_of("model.remat", model.remat, REMAT_MODES)
+    c = model.chunk_size
+    if c != 0 and (c < 16 or c & (c - 1)):
+        raise ConfigError(f"model.chunk_size={c} must be 0 (tuned per GPU and mixer) or a power of two >= 16")
+
+
+def _check_train(t: ConfigDict) -> None:
+    positive = ("steps", "seq_len", "log_every", "save_every", "keep_checkpoints", "loss_chunk_size",
+                "max_skipped_in_a_row", "eval_batches")
+    for key in positive:
+        if t[key] <= 0:
+            raise ConfigError(f"train.{key}={t[key]} must be positive")
+    for key in ("eval_every", "warmup_steps", "restore_step"):
+        if t[key] < 0:
+            raise ConfigError(f"train.{key}={t[key]} must be >= 0")
+    for key in ("lr", "min_lr", "weight_decay", "b1", "b2", "eps", "clip_norm"):
+        if not math.isfinite(t[key]) or t[key] < 0:
+            raise ConfigError(f"train.{key}={t[key]} must be a finite number >= 0")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr} must be positive")
+    if t.min_lr > t.lr:
+        raise ConfigError(f"train.min_lr={t.min_lr} must not exceed train.lr={t.lr}")
+    for key in ("b1", "b2"):
+        if not t[key] < 1:
+            raise ConfigError(f"train.{key}={t[key]} must be below 1")
+
+
+def check_config(config: ConfigDict, batch_shards: int) -> int:
+    """Check ``config`` for a mesh with ``batch_shards`` batch shards; returns the accumulation steps."""
+    check_model(config.model)
+    _check_train(config.train)
+    d = config.data
+    _one_of("data.source", d.source, DATA_SOURCES)
+    if d.source == "tokens" and not d.path:
+        raise ConfigError("data.source='tokens' needs data.path: the --output directory of hybrid_jax.prepare")
+    if d.source == "mock" and config.model.vocab_size <= 4:
+        raise ConfigError(f"mock data needs model.vocab_size > 4, got {config.model.vocab_size}")
+    if d.validation_path == "mock" and d.source != "mock":
+        raise ConfigError("data.validation_path='mock' is for mock-data runs; give a prepared dataset or a "
+                          ".jsonl/.parquet of documents")
+    if d.num_workers < 0:
+        raise ConfigError(f"data.num_workers={d.num_workers} must be >= 0")
+    return accumulation_steps(config.train, batch_shards)
+
+
+def clamp_warmup(train_cfg: ConfigDict) -> str | None:
+    """A warmup longer than the run becomes the whole run (``warmup_steps = steps``); returns the note to print."""
+    if train_cfg.warmup_steps <= train_cfg.steps:
+        return None
+    note = (f"note: train.warmup_steps={train_cfg.warmup_steps} is longer than train.steps={train_cfg.steps}; "
+            f"warming up over all {train_cfg.steps} steps instead")
+    train_cfg.warmup_steps = train_cfg.steps
+    return note

@@ -1,0 +1,158 @@
+"""Everything a run reads, read once and checked before anything is built: the config's values, the model's shapes,
+the training data (manifest and shard files), the tokenizer, the held-out data, the kernels' tuning file, then, under
+the workdir's lock, the checkpoint to resume from (its checksums, shapes and config).
+
+Every problem is one line (:class:`~hybrid_jax.train.config_checks.ConfigError` or one of
+``hybrid_jax.checkpoints.RUN_ERRORS``) and a refusal changes nothing on disk: a workdir this run created is removed
+again, the lock released. What passes comes back as a :class:`Preflight` for the loop: the opened dataset, the run's
+tokenizer, the held-out batches, the lock it holds, the resume plan and the notes to print.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import jax
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hybrid_jax.checkpoints import ResumePlan, WorkdirLock, plan_resume
+from hybrid_jax.checkpoints.storage import check_writable
+from hybrid_jax.data.heldout import heldout_windows
+from hybrid_jax.data.pipeline import Batch
+from hybrid_jax.data.run_tokenizer import NoTokenizer, RunTokenizer, tokenizer_from_manifest
+from hybrid_jax.data.shards import PreparedDataset, open_dataset
+from hybrid_jax.data.tokenizer import check_vocab, resolve_path
+from hybrid_jax.model import HybridLM
+from hybrid_jax.train.config_checks import ConfigError, check_config, clamp_warmup
+from hybrid_jax.train.step import mesh as mesh_lib
+
+
+@dataclasses.dataclass
+class Preflight:
+    """What the checks opened: ``dataset`` (None for mock data), ``tokenizer`` (None without one), ``heldout``
+    (``[batches, batch, seq_len + 1]`` validation windows, or None), the held ``lock``, the resume ``plan``, and the
+    ``notes`` to print."""
+
+    notes: list[str]
+    dataset: PreparedDataset | None
+    tokenizer: RunTokenizer | None
+    heldout: Batch | None
+    lock: WorkdirLock
+    plan: ResumePlan
+
+
+def abstract_params(model_cfg: ConfigDict) -> dict:
+    """The model's parameter shapes (``ShapeDtypeStruct``; nothing allocated); ConfigError for dims that do not fit
+    together."""
+    try:
+        _, params = nnx.split(nnx.eval_shape(lambda: HybridLM(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    except ValueError as e:
+        raise ConfigError(f"model: {str(e).splitlines()[0]}") from None
+    return nnx.to_pure_dict(params)
+
+
+def preflight(config: ConfigDict, n_devices: int | None = None) -> Preflight:
+    """Check and open every input of ``config`` (module docstring); may fill ``config.data.tokenizer`` and clamp the
+    warmup. ``n_devices``: the devices the run uses (default: all of every process)."""
+    try:
+        data, fsdp = mesh_lib.mesh_shape(config.mesh, jax.device_count() if n_devices is None else n_devices)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    batch_shards = data * fsdp
+    check_config(config, batch_shards)
+    notes = [clamp_warmup(config.train)]
+    params = abstract_params(config.model)
+    dataset, tokenizer, data_notes = _open_data(config)
+    notes += data_notes
+    heldout = None
+    if config.data.validation_path and config.train.eval_every:
+        heldout, note = _heldout(config, batch_shards, tokenizer)
+        notes.append(note)
+    notes.append(_tuning(config))
+    lock, plan = _lock_and_plan(config, params, notes)
+    return Preflight([n for n in notes if n], dataset, tokenizer, heldout, lock, plan)
+
+
+def _open_data(config: ConfigDict) -> tuple[PreparedDataset | None, RunTokenizer | None, list[str]]:
+    """The training dataset (opened once) and the run's tokenizer (hashed once); fills ``data.tokenizer``."""
+    d, t = config.data, config.train
+    tokenizer = None
+    if d.tokenizer:
+        try:
+            tokenizer = RunTokenizer.of(str(resolve_path(d.tokenizer)))
+        except FileNotFoundError as e:
+            raise ConfigError(f"data.tokenizer: {e}") from None
+    if d.source != "tokens":
+        return None, tokenizer, [] if tokenizer else ["data: mock (a random Markov chain); the run has no tokenizer"]
+    try:
+        dataset = open_dataset(d.path)
+        check_vocab(config.model.vocab_size, dataset.vocab_size, what=f"the tokenizer of {d.path}")
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"data.path: {e}") from None
+    windows = dataset.num_tokens // (t.seq_len + 1)
+    if windows < t.global_batch_size:
+        raise ConfigError(f"data.path={d.path} holds {dataset.num_tokens:,} tokens: {windows} windows of "
+                          f"train.seq_len + 1 = {t.seq_len + 1}, fewer than one batch (train.global_batch_size="
+                          f"{t.global_batch_size}); prepare more documents or lower the batch or seq_len")
+    recorded = dataset.tokenizer
+    about = f"data: {d.path} ({dataset.num_tokens:,} tokens), tokenizer"
+    if tokenizer is not None:
+        if tokenizer.sha256 != recorded.get("sha256"):
+            raise ConfigError(f"data.tokenizer={d.tokenizer} is not the tokenizer {d.path} was prepared with "
+                              f"({recorded.get('path')}, sha256 {str(recorded.get('sha256'))[:12]}...)")
+        return dataset, tokenizer, [f"{about} {d.tokenizer}"]
+    try:
+        tokenizer = tokenizer_from_manifest(dataset.manifest, d.path)
+    except NoTokenizer as e:
+        return dataset, None, [f"warning: {e}; until then the run records no tokenizer"]
+    d.tokenizer = tokenizer.path
+    return dataset, tokenizer, [f"{about} {d.tokenizer} (from its manifest)"]
+
+
+def _heldout(config: ConfigDict, batch_shards: int, tokenizer: RunTokenizer | None) -> tuple[Batch, str]:
+    """``[batches, batch, seq_len + 1]`` validation windows and a line describing them."""
+    t, path = config.train, config.data.validation_path
+    batch = t.micro_batch_size * batch_shards
+    try:
+        windows = heldout_windows(config, t.eval_batches * batch, tokenizer)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise ConfigError(str(e)) from None
+    batches = len(windows.tokens) // batch
+    if batches == 0:
+        raise ConfigError(f"data.validation_path={path} gives {len(windows.tokens)} windows of {t.seq_len + 1} "
+                          f"tokens, fewer than one validation batch (micro_batch_size x data shards = {batch}); use "
+                          "more documents or a smaller train.micro_batch_size")
+    note = (f"validation: {batches} batches x {batch} windows x {t.seq_len} tokens of {path}"
+            + (f" (only {batches} of train.eval_batches={t.eval_batches} fit in it)" if batches < t.eval_batches
+               else "") + f", every {t.eval_every} steps and at the end")
+    shaped = Batch(*(None if x is None else x[: batches * batch].reshape(batches, batch, -1) for x in windows))
+    return shaped, note
+
+
+def _tuning(config: ConfigDict) -> str:
+    from hybrid_jax.kernels import tuning_file
+
+    try:
+        return f"kernel launch configs: {tuning_file.use(config.model.tuning)}"
+    except tuning_file.TuningFileError as e:
+        raise ConfigError(f"model.tuning: {e}") from None
+
+
+def _lock_and_plan(config: ConfigDict, params: dict, notes: list[str]) -> tuple[WorkdirLock, ResumePlan]:
+    """Create the workdir, take its lock (process 0), plan the resume; on a refusal undo both."""
+    workdir = Path(config.train.workdir)
+    created = not workdir.exists()
+    lock = WorkdirLock(workdir)
+    try:
+        if jax.process_index() == 0:
+            check_writable(workdir, "workdir")
+            lock.acquire(notes.append)
+        return lock, plan_resume(workdir.resolve(), config, params)
+    except BaseException:
+        lock.release()
+        if created and jax.process_index() == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
