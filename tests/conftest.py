@@ -58,3 +58,23 @@ def jaxpr_equations(jaxpr):
                 sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
                 if hasattr(sub, "eqns"):
                     yield from jaxpr_equations(sub)
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished run of ``tests/train/common.py::run_config``: checkpoints 10, 15, 20; metrics every 5 steps.
+    Read it, or damage a copy (``run_copy``)."""
+    from hybrid_jax.train.loop import train
+    from tests.train.common import run_config
+
+    workdir = tmp_path_factory.mktemp("finished")
+    train(run_config(workdir), log=lambda *_: None)
+    return workdir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A copy of ``finished_run``'s workdir, to damage or resume."""
+    import shutil
+
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))

@@ -111,10 +111,9 @@ class WorkdirLock:
             if not same:
                 os.close(fd)
                 continue
-            self._fd = fd
+            self._fd, self.held = fd, True  # ours from here: a failed write below removes the file
             previous = self._holder()
             self._write(fd)
-            self.held = True
             if previous:
                 log(f"note: took over the lock of a run that has ended ({_describe(previous)})")
             return
@@ -138,9 +137,8 @@ class WorkdirLock:
                 self.path.unlink(missing_ok=True)
                 log(f"note: took over the lock of a run that has ended ({_describe(holder)})")
                 continue
-            self._fd = fd
+            self._fd, self.held = fd, True
             self._write(fd)
-            self.held = True
             return
         raise WorkdirLocked(f"could not take {self.path}: other runs keep replacing it; choose another train.workdir")
 

@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from hybrid_jax.checkpoints import integrity
 from hybrid_jax.checkpoints.layout import checkpoint_dir
 from hybrid_jax.checkpoints.reader import CheckpointDamaged, CheckpointReader
-from hybrid_jax.checkpoints.storage import check_writable, save_error
+from hybrid_jax.checkpoints.storage import cause_of, check_writable, save_error
 from hybrid_jax.config import to_json
 
 HEALTH = "skipped_in_a_row"  # the train-state counter saved as each checkpoint's health: 0 means healthy
@@ -57,12 +58,34 @@ class KeepNewestHealthy:
         return [c.step == keep for c in checkpoints]
 
 
-class _QuietOrbaxThreads(logging.Filter):
-    """Orbax logs a failed background write with its traceback (hundreds of lines for a full disk); the trainer
-    reports it in one line at the next step, so the record goes."""
+class _QuietFailedWrites(logging.Filter):
+    """A failed background write is reported by the trainer in one line at the next step: Orbax's and asyncio's logs
+    of the same failure (hundreds of lines for a full disk, some only when the process exits) are dropped; anything
+    else passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and record.levelno >= logging.ERROR)
+        error = record.exc_info[1] if record.exc_info else None
+        return cause_of(error or Exception(record.getMessage())) is None
+
+
+def _quiet_closed_loops(unraisable) -> None:
+    """``sys.unraisablehook``: after a failed write, TensorStore's pending callbacks find Orbax's event loop closed;
+    those are dropped, any other unraisable exception goes to the hook before."""
+    if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+        _previous_hook(unraisable)
+
+
+_previous_hook = sys.unraisablehook
+
+
+def _quiet_failed_writes() -> None:
+    """Install the filters above (once per process: the noise outlives the checkpointer)."""
+    global _previous_hook
+    if sys.unraisablehook is not _quiet_closed_loops:
+        _previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_closed_loops
+    for name in ("absl", "asyncio"):
+        if _QUIET not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_QUIET)
 
 
 class Checkpointer:
@@ -97,7 +120,7 @@ class Checkpointer:
             options=options,
         )
         self.reader = CheckpointReader(workdir)
-        logging.getLogger("absl").addFilter(_QUIET)
+        _quiet_failed_writes()
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -161,12 +184,11 @@ class Checkpointer:
         self.reader.manager.reload()
 
     def close(self) -> None:
-        logging.getLogger("absl").removeFilter(_QUIET)
         self.reader.close()
         self.manager.close()
 
 
-_QUIET = _QuietOrbaxThreads()
+_QUIET = _QuietFailedWrites()
 
 
 def read_data_position(step_dir: Path) -> dict:

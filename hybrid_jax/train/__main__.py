@@ -13,6 +13,7 @@ Exit status: 0 done; 1 an error; 130 / 143 stopped by SIGINT / SIGTERM after sav
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -34,24 +35,48 @@ def _unknown_key(argv: list[str], name: str) -> str:
             "(--show-config lists every key)")
 
 
+def _config_path(argv: list[str]) -> str | None:
+    """The value of ``--config`` in ``argv`` (``--config X`` or ``--config=X``)."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.removeprefix("--config=")
+    return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with one-line errors for unknown config keys and unparsable values."""
+    """absl flag parsing with one-line errors for a config file that cannot be loaded, unknown config keys and
+    unparsable values."""
     argv = ["--show_config" if a == "--show-config" else a for a in argv]
+    path = _config_path(argv)
+    if path is not None and not Path(path).is_file():
+        sys.exit(f"error: --config {path}: no such file (the configs are in configs/, e.g. configs/demo.py)")
     try:
         return flags.FLAGS(argv)
+    except SyntaxError as e:
+        sys.exit(f"error: --config {path}: line {e.lineno}: {e.msg}")
     except (KeyError, AttributeError) as e:
+        if "get_config" in str(e):
+            sys.exit(f"error: --config {path} defines no get_config(): a config file is a Python module whose "
+                     "get_config() returns the run's ConfigDict (see configs/demo.py)")
         while isinstance(e, BaseException) and e.args:  # ml_collections wraps the KeyError in an AttributeError
             e = e.args[0]
         sys.exit(_unknown_key(argv, str(e).split()[0].strip("\"'")))
     except flags.Error as e:
         sys.exit(f"error: {e}")
+    except Exception as e:  # noqa: BLE001 - the config file's own code failed
+        sys.exit(f"error: --config {path}: get_config() failed ({type(e).__name__}: {e})")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides look like --config.train.steps=100")
     logging.set_verbosity(logging.ERROR)  # keep Orbax's and JAX's INFO and WARNING lines out of the progress output
-    config = _CONFIG.value
+    try:
+        config = _CONFIG.value
+    except OSError as e:  # the file was readable when the flags were parsed, then failed to load
+        sys.exit(f"error: --config: {e}")
     if _SHOW.value:
         from hybrid_jax.config_help import show_config
 
@@ -64,6 +89,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from hybrid_jax.checkpoints import RUN_ERRORS
+    from hybrid_jax.data.shards import DatasetError
     from hybrid_jax.train.config_checks import ConfigError
     from hybrid_jax.train.loop import train
     from hybrid_jax.train.stops import Interrupted, TooManySkippedSteps, out_of_memory_message
@@ -72,7 +98,7 @@ def main(argv: list[str]) -> None:
         config.train.workdir = f"runs/{config.model.name or 'run'}"
     try:
         train(config)
-    except (ConfigError, TooManySkippedSteps, *RUN_ERRORS) as e:
+    except (ConfigError, DatasetError, TooManySkippedSteps, *RUN_ERRORS) as e:
         sys.exit(f"error: {e}")
     except Interrupted as e:
         print(str(e), file=sys.stderr, flush=True)

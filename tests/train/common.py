@@ -15,3 +15,8 @@ def tiny_config(workdir: str = "", **train) -> ConfigDict:
                         log_every=10, save_every=10, loss_chunk_size=96, workdir=workdir))
     c.train.update(train)
     return c
+
+
+def run_config(workdir, **train) -> ConfigDict:
+    """The tiny config as a short run: 20 steps, a checkpoint every 5 (the newest 3 kept), logged every 5."""
+    return tiny_config(str(workdir), **{"steps": 20, "save_every": 5, "log_every": 5, **train})

@@ -1,4 +1,5 @@
-"""Non-positive model sizes are one-line config errors before anything is built."""
+"""Config values that cannot train are one-line errors before anything is built (the command line's own: test_cli.py;
+the faults an outside test found: tests/faults/test_input_faults.py)."""
 
 import pytest
 
@@ -15,3 +16,15 @@ def test_non_positive_model_sizes_are_refused(key, value):
     with pytest.raises(ConfigError, match=rf"^model.{key}={value} must be a positive integer$"):
         check_config(config, 8)
     assert check_config(tiny_config(), 8) == 1  # the unchanged config passes (chunk_size 0 allowed)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"pattern": "*-X-"}, r"^model: .*bad character 'X' at position 2"),
+    ({"mixer": "rnn", "pattern": ""}, r"^model: model.mixer must be one of"),
+    ({"chunk_size": 24}, r"^model.chunk_size=24 must be 0 \(tuned per GPU and mixer\) or a power of two >= 16$"),
+])
+def test_bad_model_choices_are_refused(overrides, message):
+    config = tiny_config()
+    config.model.update(overrides)
+    with pytest.raises(ConfigError, match=message):
+        check_config(config, 8)
