@@ -21,7 +21,6 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.cache import RecurrentMixer, recurrent_impl, zero_padding
 from hybrid_jax.model.layers import (
     RMSNorm,
     ShortConv,
@@ -33,6 +32,7 @@ from hybrid_jax.model.layers import (
     sow,
     split_heads,
 )
+from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, zero_padding
 
 
 class GatedDeltaNet(RecurrentMixer):

@@ -23,7 +23,6 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.cache import RecurrentMixer, recurrent_impl, zero_padding
 from hybrid_jax.model.layers import (
     RMSNorm,
     ShortConv,
@@ -36,6 +35,7 @@ from hybrid_jax.model.layers import (
     split_heads,
     torch_default_init,
 )
+from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, zero_padding
 
 
 class KimiDeltaAttention(RecurrentMixer):

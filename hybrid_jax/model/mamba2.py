@@ -23,8 +23,8 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.cache import RecurrentMixer, recurrent_impl, zero_padding
 from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
+from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, zero_padding
 
 
 class Mamba2(RecurrentMixer):
@@ -35,13 +35,13 @@ class Mamba2(RecurrentMixer):
         dtype, param_dtype = dtypes(cfg)
         self.d_in = c.expand * cfg.hidden_size
         if self.d_in % c.head_dim:
-            raise ValueError(f"model.hidden_size={cfg.hidden_size} x model.mamba2.expand={c.expand} = {self.d_in} is not "
-                             f"a multiple of model.mamba2.head_dim={c.head_dim}")
+            raise ValueError(f"model.hidden_size={cfg.hidden_size} x model.mamba2.expand={c.expand} = {self.d_in} is "
+                             f"not a multiple of model.mamba2.head_dim={c.head_dim}")
         self.head_dim, self.nheads = c.head_dim, self.d_in // c.head_dim
         self.groups, self.state = c.num_groups, c.state_dim
         if self.nheads % self.groups:
-            raise ValueError(f"model.mamba2: {self.nheads} heads (hidden_size x expand / head_dim) are not a multiple of "
-                             f"model.mamba2.num_groups={self.groups}")
+            raise ValueError(f"model.mamba2: {self.nheads} heads (hidden_size x expand / head_dim) are not a multiple "
+                             f"of model.mamba2.num_groups={self.groups}")
         bc = 2 * self.groups * self.state
         self.in_proj = dense(cfg, cfg.hidden_size, 2 * self.d_in + bc + self.nheads, rngs=rngs)
         self.conv1d = ShortConv(self.d_in + bc, c.conv_size, use_bias=True, dtype=dtype, param_dtype=param_dtype,

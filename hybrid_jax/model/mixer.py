@@ -1,0 +1,51 @@
+"""The recurrent mixers' shared base (GDN, KDA, Mamba2): the short conv at training time, and the decode plumbing
+that carries their state and conv tail in a :class:`~hybrid_jax.model.cache.RecurrentCache`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.model.cache import RecurrentCache
+
+
+class RecurrentMixer(nnx.Module):
+    """Decode plumbing shared by the recurrent mixers (GDN, KDA, Mamba2).
+
+    A subclass sets ``self.conv1d`` (a ``ShortConv``) and ``self.state_shape`` (the per-sequence float32 state,
+    ``(HV, K, V)``) and implements ``_mix(x, conv, state=None, valid=None) -> (y [B,T,D], final state, conv tail)``,
+    where ``conv(u) -> (conv output, tail)`` and padded steps (``~valid``) must leave the state alone. Each subclass
+    defines its own ``__call__`` (``self._mix(x, self.plain_conv)[0]``): ``nnx.capture(..., method_outputs=...)``
+    instruments only methods defined on the class itself, and the notebook captures every block's ``__call__``.
+    """
+
+    def plain_conv(self, u: jax.Array, segment_ids: jax.Array | None = None) -> tuple[jax.Array, None]:
+        """The training-time short conv (zero history, no tail kept; ``segment_ids``: packed documents)."""
+        return self.conv1d(u, segment_ids), None
+
+    def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
+        """Zero state ``[B, *state_shape]`` float32 and conv tail ``[B, conv_size - 1, C]``; ``max_len`` unused."""
+        return RecurrentCache(jnp.zeros((batch, *self.state_shape), jnp.float32), self.conv1d.init_tail(batch))
+
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache
+               ) -> tuple[jax.Array, RecurrentCache]:
+        """Continue from ``cache`` with ``x [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` unused."""
+        y, state, tail = self._mix(x, lambda u: self.conv1d.extend(u, cache.conv, n), cache.state,
+                                   valid_steps(n, x.shape[1]))
+        return y, RecurrentCache(state, tail)
+
+
+def valid_steps(n: jax.Array, steps: int) -> jax.Array:
+    """``[B, steps]`` bool: step ``t`` of row ``b`` is real when ``t < n[b]`` (right padding after it)."""
+    return jnp.arange(steps)[None, :] < n[:, None]
+
+
+def zero_padding(valid: jax.Array, *xs: jax.Array) -> tuple[jax.Array, ...]:
+    """Each ``x [B,T,...]`` with its padded steps (``~valid [B,T]``) set to 0: pads then leave a recurrence alone."""
+    return tuple(jnp.where(valid.reshape(*valid.shape, *(1,) * (x.ndim - 2)), x, 0).astype(x.dtype) for x in xs)
+
+
+def recurrent_impl(impl: str, steps: int) -> str:
+    """The kernel implementation for a chunk of ``steps`` tokens: the plain recurrence for a single decode step."""
+    return "naive" if steps == 1 else impl
