@@ -173,7 +173,7 @@ class MLP(nnx.Module):
 
     ``linear_fc1`` is one ``[D, 2F]`` parameter (Megatron's layout), but ``gate`` and ``up`` are two matmuls on its
     halves: with one matmul split in two, the backward concatenates d(gate) and d(up) into a ``[B, T, 2F]`` tensor
-    for the weight and input gradients (on the H200, 12 ms of a 284 ms 300M GDN step)."""
+    for the weight and input gradients (its cost: benchmarks/NOTES.md)."""
 
     def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
         self.linear_fc1 = dense(cfg, cfg.hidden_size, 2 * cfg.ffn_size, rngs=rngs)
