@@ -19,6 +19,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py)", lock_config=True)
+_FORCE = flags.DEFINE_bool("force", False, "train even when the start-up memory estimate says the step cannot fit")
 _SHOW = flags.DEFINE_bool("show_config", False, "list every config key with its value, default and meaning, and "
                           "exit (also --show-config)")
 
@@ -70,6 +71,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    from hybrid_jax.train.stops import watch_signals
+
+    watch_signals()  # Ctrl-C answered from here on, also inside long native calls
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides look like --config.train.steps=100")
     logging.set_verbosity(logging.ERROR)  # keep Orbax's and JAX's INFO and WARNING lines out of the progress output
@@ -97,7 +101,7 @@ def main(argv: list[str]) -> None:
     if not config.train.workdir:
         config.train.workdir = f"runs/{config.model.name or 'run'}"
     try:
-        train(config)
+        train(config, force=_FORCE.value)
     except (ConfigError, DatasetError, TooManySkippedSteps, *RUN_ERRORS) as e:
         sys.exit(f"error: {e}")
     except Interrupted as e:

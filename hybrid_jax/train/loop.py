@@ -19,14 +19,15 @@ from hybrid_jax.train.stops import Interrupted, StopRequests, check_skipped
 from hybrid_jax.train.trainer import build_trainer
 
 
-def train(config: ConfigDict, *, stop_after: int | None = None, log=print) -> dict:
+def train(config: ConfigDict, *, stop_after: int | None = None, force: bool = False, log=print) -> dict:
     """Train ``config`` in ``config.train.workdir``, resuming from its newest usable checkpoint.
 
     ``stop_after``: stop (and checkpoint) once this step is done, e.g. to split a run across jobs; the
-    schedule still follows ``train.steps``. Returns the last logged metrics record.
+    schedule still follows ``train.steps``. ``force``: train even when the memory estimate says it cannot fit.
+    Returns the last logged metrics record.
     """
     t = config.train
-    checked = preflight(config)  # every input read once; the workdir's lock held from here
+    checked = preflight(config, force=force)  # every input read once; the workdir's lock held from here
     workdir = Path(t.workdir)
     ckpt = stream = None
     try:

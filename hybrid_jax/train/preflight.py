@@ -25,7 +25,7 @@ from hybrid_jax.data.pipeline import Batch
 from hybrid_jax.data.run_tokenizer import NoTokenizer, RunTokenizer, tokenizer_from_manifest
 from hybrid_jax.data.shards import PreparedDataset, open_dataset
 from hybrid_jax.data.tokenizer import check_vocab, resolve_path
-from hybrid_jax.model import HybridLM
+from hybrid_jax.model import HybridLM, layer_plan
 from hybrid_jax.train.config_checks import ConfigError, check_config, clamp_warmup
 from hybrid_jax.train.step import mesh as mesh_lib
 
@@ -54,9 +54,10 @@ def abstract_params(model_cfg: ConfigDict) -> dict:
     return nnx.to_pure_dict(params)
 
 
-def preflight(config: ConfigDict, n_devices: int | None = None) -> Preflight:
+def preflight(config: ConfigDict, n_devices: int | None = None, *, force: bool = False) -> Preflight:
     """Check and open every input of ``config`` (module docstring); may fill ``config.data.tokenizer`` and clamp the
-    warmup. ``n_devices``: the devices the run uses (default: all of every process)."""
+    warmup. ``n_devices``: the devices the run uses (default: all of every process); ``force``: train even when the
+    memory estimate says the step cannot fit."""
     try:
         data, fsdp = mesh_lib.mesh_shape(config.mesh, jax.device_count() if n_devices is None else n_devices)
     except ValueError as e:
@@ -65,6 +66,7 @@ def preflight(config: ConfigDict, n_devices: int | None = None) -> Preflight:
     check_config(config, batch_shards)
     notes = [clamp_warmup(config.train)]
     params = abstract_params(config.model)
+    notes.append(_check_memory(config, params, data, fsdp, force))
     dataset, tokenizer, data_notes = _open_data(config)
     notes += data_notes
     heldout = None
@@ -74,6 +76,49 @@ def preflight(config: ConfigDict, n_devices: int | None = None) -> Preflight:
     notes.append(_tuning(config))
     lock, plan = _lock_and_plan(config, params, notes)
     return Preflight([n for n in notes if n], dataset, tokenizer, heldout, lock, plan)
+
+
+# bytes per parameter: float32 weights, gradients and the two AdamW moments; activations kept for the backward per
+# token, sublayer and hidden channel, by remat mode (a lower bound: the estimate must never refuse a step that fits)
+STATE_BYTES = 16
+ACTIVATION_BYTES = {"none": 12, "mixer": 8, "full": 2}
+
+
+def device_memory_bytes() -> int | None:
+    """What one local device can hold: the accelerator's limit, or on CPU the host's available memory shared by the
+    local CPU devices (None when unknown)."""
+    device = jax.local_devices()[0]
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    if limit or device.platform != "cpu":
+        return limit
+    try:
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    except OSError:
+        return None
+    return int(meminfo["MemAvailable"].split()[0]) * 1024 // jax.local_device_count()
+
+
+def _check_memory(config: ConfigDict, params: dict, data: int, fsdp: int, force: bool) -> str | None:
+    """Refuse (unless ``force``) a step whose estimated memory per device exceeds what the device has."""
+    available = device_memory_bytes()
+    if available is None:
+        return None
+    m, t = config.model, config.train
+    n = sum(x.size for x in jax.tree.leaves(params))
+    moments = 8 * n / (data * fsdp if t.zero1 else fsdp)
+    state = (STATE_BYTES - 8) * n / fsdp + moments
+    activations = t.micro_batch_size * t.seq_len * len(layer_plan(m)) * m.hidden_size * ACTIVATION_BYTES[m.remat]
+    need = state + activations
+    if need <= available:
+        return None
+    gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
+    what = (f"the step of {m.name or 'this model'} ({n / 1e9:.2f}B parameters) at micro batch {t.micro_batch_size} x "
+            f"{t.seq_len} needs at least {gib(need)} per device (weights, gradients and AdamW moments {gib(state)}, "
+            f"activations {gib(activations)}) but a {jax.local_devices()[0].platform} device here has {gib(available)}")
+    if force:
+        return f"warning: {what}; training anyway (--force)"
+    raise ConfigError(f"{what}: lower train.micro_batch_size, set model.remat=full, split over more devices "
+                      "(mesh.fsdp), or pass --force to try anyway")
 
 
 def _open_data(config: ConfigDict) -> tuple[PreparedDataset | None, RunTokenizer | None, list[str]]:

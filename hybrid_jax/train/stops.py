@@ -18,13 +18,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from types import FrameType
 
-import jax
 import numpy as np
 from ml_collections import ConfigDict
-
-from hybrid_jax.train.step import mesh as mesh_lib
 
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -43,12 +41,53 @@ class Interrupted(Exception):  # noqa: N818 (a request, not an error)
         return EXIT_STATUS.get(self.signum, 128 + self.signum)
 
 
+# Ctrl-C seen by a thread of its own (:func:`watch_signals`): the main thread runs Python signal handlers only
+# between bytecodes, never inside a long native call (building the model, compiling the step).
+_watch = {"on": False, "training": False, "count": 0}
+
+
+def watch_signals() -> None:
+    """Call first in a command's main (main thread): from then on Ctrl-C is answered at once, also while the main
+    thread is inside a long native call. The first says what happens next (before training: the command stops as
+    soon as the call returns; while training: the step in flight is finished and saved), the second aborts at once
+    (exit 130)."""
+    if _watch["on"]:
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    _watch["on"] = True
+    threading.Thread(target=_watch_loop, args=(read,), daemon=True, name="signal-watch").start()
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"\n{text}\n")
+    sys.stderr.flush()
+
+
+def _watch_loop(fd: int) -> None:
+    while True:
+        for signum in os.read(fd, 64):
+            if signum != signal.SIGINT:
+                continue
+            _watch["count"] += 1
+            if _watch["count"] >= 2:
+                _say("SIGINT again: aborting without saving")
+                os._exit(EXIT_STATUS[signal.SIGINT])
+            _say("SIGINT: finishing the step in flight and saving a checkpoint (press Ctrl-C again to abort at once)"
+                 if _watch["training"] else
+                 "SIGINT: stopping as soon as the current start-up work returns; nothing has been trained, nothing "
+                 "to save (press Ctrl-C again to abort at once)")
+
+
 class StopRequests:
     """A context manager: SIGINT/SIGTERM handlers that turn the first signal into a stop request."""
 
     def __init__(self, *, say=print):
         self.signum: int | None = None
         self.say = say
+        import jax
+
         self.multiprocess = jax.process_count() > 1
         self._old: dict[int, object] = {}
 
@@ -56,21 +95,23 @@ class StopRequests:
         signums = (signal.SIGINT,) if self.multiprocess else (signal.SIGINT, signal.SIGTERM)
         for s in signums:
             self._old[s] = signal.signal(s, self._handle)
+        _watch.update(training=True, count=0)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._old.items():
             signal.signal(s, handler)
         self._old.clear()
+        _watch["training"] = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:  # the second one: abort now
-            sys.stderr.write(f"\n{signal.Signals(signum).name} again: aborting without saving\n")
-            sys.stderr.flush()
+            _say(f"{signal.Signals(signum).name} again: aborting without saving")
             os._exit(EXIT_STATUS.get(signum, 128 + signum))
         self.signum = signum
-        self.say(f"{signal.Signals(signum).name}: finishing the step in flight and saving a checkpoint "
-                 "(press Ctrl-C again to abort at once)")
+        if not (_watch["on"] and signum == signal.SIGINT):  # the watcher has said it already
+            self.say(f"{signal.Signals(signum).name}: finishing the step in flight and saving a checkpoint "
+                     "(press Ctrl-C again to abort at once)")
 
     def should_stop(self, step: int, *, log_point: bool, manager=None) -> bool:
         """Whether every process stops after ``step`` (collective with several processes at log points)."""
@@ -130,6 +171,8 @@ def out_of_memory_message(error: BaseException, config: ConfigDict, n_devices: i
     moments split, ZeRO-3), ``train.zero1`` (moments split over ``data``)."""
     if not is_out_of_memory(error):
         return None
+    from hybrid_jax.train.step import mesh as mesh_lib
+
     t = config.train
     try:
         data, fsdp = mesh_lib.mesh_shape(config.mesh, n_devices)

@@ -87,3 +87,21 @@ def test_sigint_mid_run_saves_the_step_and_the_rerun_resumes_exactly(finished_ru
 
 def _losses(workdir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_ctrl_c_is_answered_at_once_inside_a_long_compile_and_twice_aborts(tmp_path):
+    """Issue 49 item 2: Ctrl-C during a long native call (building the model, compiling) was ignored with no
+    message; the first one is now answered at once and the second aborts at once."""
+    proc = subprocess.Popen(_command(tmp_path, **{"train.steps": 5}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    for line in proc.stdout:
+        if line.startswith("compiling the train step"):
+            break
+    proc.send_signal(signal.SIGINT)
+    said = proc.stderr.readline() + proc.stderr.readline()
+    assert "SIGINT: finishing the step in flight and saving a checkpoint (press Ctrl-C again" in said, said
+    start = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert time.perf_counter() - start < 10
+    assert "SIGINT again: aborting without saving" in proc.stderr.read()

@@ -126,3 +126,22 @@ def test_a_warmup_longer_than_the_run_is_cut_with_a_note():
     assert clamp_warmup(t) == ("note: train.warmup_steps=30 is longer than train.steps=5; warming up over all 5 "
                                "steps instead")
     assert t.warmup_steps == 5 and clamp_warmup(t) is None  # once cut (or when it fits) nothing changes
+
+
+def test_a_step_too_large_for_the_device_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    """Issue 49 item 2: zebra_1b_gdn on a 24 GiB CPU box grew to 15 GB of RSS in a minute with no warning."""
+    from hybrid_jax.train import preflight
+    from tests.conftest import load_config
+
+    config = load_config("zebra_1b_gdn")
+    config.train.update(dict(workdir=str(tmp_path / "run"), global_batch_size=128, micro_batch_size=16))
+    monkeypatch.setattr(preflight, "device_memory_bytes", lambda: 24 << 30)
+    with pytest.raises(ConfigError) as e:
+        train(config, log=lambda *_: None)
+    assert str(e.value).startswith("the step of zebra_1b_gdn (1.20B parameters) at micro batch 16 x 2048 needs at "
+                                   "least ") and str(e.value).endswith("or pass --force to try anyway")
+    assert "but a cpu device here has 24.0 GiB" in str(e.value) and not (tmp_path / "run").exists()
+    params = preflight.abstract_params(config.model)
+    assert preflight._check_memory(config, params, 8, 1, force=True).startswith("warning: the step of zebra_1b_gdn")
+    config.model.remat, config.train.micro_batch_size = "full", 1  # what the message suggests
+    assert preflight._check_memory(config, params, 8, 1, force=False) is None

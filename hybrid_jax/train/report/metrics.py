@@ -158,7 +158,7 @@ class MetricsLogger:
             f"step {record['step']:>6}/{self.total_steps}  loss {fmt('loss', '.4f')}  "
             f"grad_norm {fmt('grad_norm', '.3f')}  lr {fmt('lr', '.2e')}  "
             f"tok/s/dev {fmt('tokens_per_s_per_device', ',.0f')}  mfu {fmt('mfu', '.1%')}  "
-            f"mem {fmt('memory_gib', '.1f')} GiB  skipped {record.get('skipped', 0)}",
+            f"peak mem {fmt('peak_memory_gib', '.1f')} GiB  skipped {record.get('skipped', 0)}",
             soft_wrap=True,
         )
 
