@@ -89,13 +89,15 @@ def test_next_token_probabilities(setup):
 def test_plots_have_one_row_per_layer(setup, tmp_path: Path):
     _, config, trace, layers = setup
     assert len(explore.plot_recurrent_states(layers).axes) == 2 * 3
-    assert len(explore.plot_attention(trace).axes) == 4
+    assert len(explore.plot_attention(trace).axes) == 4 + 1  # four heads and the colour bar
     path = explore.save_figure(explore.plot_next_token(trace, config), tmp_path / "figs", "next")
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_text_prompts_use_the_run_tokenizer(shared_data: Path):
-    config = explore.load_config_file(CONFIG)
+    from hybrid_jax.config import load_config_file
+
+    config = load_config_file(CONFIG)
     config.model.vocab_size = 32000
     config.data.tokenizer = str(shared_data / "tokenizers" / "llama2" / "tokenizer.model")
     tokens = explore.prompt_tokens(config, "The quick brown fox")
@@ -105,3 +107,26 @@ def test_text_prompts_use_the_run_tokenizer(shared_data: Path):
     trace = explore.Trace(tokens=tokens, plan="", kinds=[], logits=logits, residual=[], updates=[], internals=[])
     (label, p), *_ = explore.next_token_table(trace, config, k=2)
     assert label == "'The'" and p > 0.99
+
+
+def test_figures_name_heads_tokens_and_colours(setup, tmp_path, monkeypatch):
+    """Issue 49 item 4: head colours without a legend, attention maps without token ticks or colour bar, x axes in
+    positions; and a relative workdir looked up from where Jupyter was started."""
+    _, config, trace, layers = setup
+    labels = [str(t) for t in trace.tokens]  # the demo has no tokenizer: token ids
+    assert trace.labels == labels and all(layer.labels == labels for layer in layers)
+    states = explore.plot_recurrent_states(layers)
+    legend = states.axes[1].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [f"head {h}" for h in range(layers[0].state_norm.shape[1])]
+    assert [t.get_text() for t in states.axes[0].get_xticklabels()] == labels
+    attention = explore.plot_attention(trace)
+    assert any(ax.get_label() == "<colorbar>" for ax in attention.axes)
+    assert [t.get_text() for t in attention.axes[0].get_yticklabels()] == labels[::2]  # 24 tokens, at most 16 ticks
+
+    run = tmp_path / "runs" / "demo"
+    run.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "runs")  # Jupyter's kernel runs in the notebook's folder...
+    monkeypatch.setenv("PWD", str(tmp_path))  # ...started from the folder the user typed the path in
+    assert explore.resolve_workdir("runs/demo") == run
+    with pytest.raises(FileNotFoundError, match=r"workdir runs/nowhere not found; tried .*runs/runs/nowhere, "):
+        explore.resolve_workdir("runs/nowhere")

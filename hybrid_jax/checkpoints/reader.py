@@ -9,6 +9,7 @@ checkpoint is a :class:`CheckpointDamaged`, one of another model a :class:`Check
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,17 @@ from hybrid_jax.checkpoints import integrity
 from hybrid_jax.checkpoints.history import parse, read_config
 from hybrid_jax.checkpoints.layout import checkpoint_dir, saved_steps
 from hybrid_jax.model import HybridLM
+
+
+class _ReadOnlyNote(logging.Filter):
+    """Orbax warns that a read-only manager's directory "is read only" (it is, on purpose): that line goes; every
+    other warning stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Given directory is read only")
+
+
+logging.getLogger("absl").addFilter(_ReadOnlyNote())
 
 
 class CheckpointMismatch(ValueError):
@@ -48,8 +60,9 @@ class CheckpointReader:
         self.workdir = Path(workdir)
         options = ocp.CheckpointManagerOptions(read_only=True, create=False, cleanup_tmp_directories=False,
                                                save_interval_steps=0)  # Orbax sets 0 itself (with a warning)
-        self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=("state",),
-                                             item_handlers={"state": ocp.PyTreeCheckpointHandler()}, options=options)
+        handlers = {"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
+        self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=tuple(handlers),
+                                             item_handlers=handlers, options=options)
         self._verified: set[int] = set()
 
     def steps(self) -> list[int]:

@@ -12,6 +12,7 @@ Exit status: 0 done; 1 an error; 130 / 143 stopped by SIGINT / SIGTERM after sav
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -46,6 +47,21 @@ def _config_path(argv: list[str]) -> str | None:
     return None
 
 
+def _flag_error(text: str) -> str:
+    """absl's message for a bad flag value, with a wrapped exception's tuple (``('Non-boolean argument to boolean
+    flag', 'yes')``) said as words."""
+    head, _, detail = text.partition(": ")
+    try:
+        parts = ast.literal_eval(detail)
+    except (ValueError, SyntaxError):
+        return text
+    if isinstance(parts, tuple) and parts and isinstance(parts[0], str):
+        if "boolean" in parts[0]:
+            return f"{head}: not a boolean (true or false)"
+        return f"{head}: {parts[0]} {parts[1:] or ''}".rstrip()
+    return text
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing with one-line errors for a config file that cannot be loaded, unknown config keys and
     unparsable values."""
@@ -65,7 +81,7 @@ def parse_flags(argv: list[str]) -> list[str]:
             e = e.args[0]
         sys.exit(_unknown_key(argv, str(e).split()[0].strip("\"'")))
     except flags.Error as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {_flag_error(str(e))}")
     except Exception as e:  # noqa: BLE001 - the config file's own code failed
         sys.exit(f"error: --config {path}: get_config() failed ({type(e).__name__}: {e})")
 

@@ -1,34 +1,11 @@
-"""Look inside a model: run a text through it, capture what every sublayer computes, and plot it.
+"""Capture what every sublayer of a model computes for one sequence (see :mod:`hybrid_jax.explore`)."""
 
-Needs the ``notebook`` extra (matplotlib; treescope for the module tree in the notebook).
-
-The notebook ``notebooks/explore_layers.ipynb`` is a few calls into this module::
-
-    model, config = load_model(workdir)               # a checkpoint (hybrid_jax.load), or a random init of a config
-    tokens = prompt_tokens(config, text)              # [T] int32 (a mock-chain sequence when there is no tokenizer)
-    trace = run(model, tokens)                        # logits, residual stream, mixer internals, attention maps
-    activation_norms(trace); recurrent_states(trace); effective_memory(g); next_token_table(trace, config)
-    plot_*(...) -> matplotlib Figure;  save_figure(fig, directory, name) -> PNG path
-
-What is measured (all for one sequence, batch 1):
-
-* Activation norms: the RMS over channels of the residual stream after each sublayer (and of the embedding), and
-  of each sublayer's update ``f(norm(x))``, averaged over positions. ``[L+1]`` and ``[L]``.
-* Recurrent state ``S_t`` of every GDN / KDA / Mamba2 layer at every position, read out of the layer's own kernel:
-  querying the recurrence with the unit vectors ``q = e_i`` (scale 1) returns row ``i`` of ``S_t``, so one
-  batched kernel call with ``K`` probes gives ``S_t [T,HV,K,V]``; its last step equals the sown ``final_state``.
-  The layer's q/k/v are the sown output of its short convolution, split as the mixer splits them.
-* Effective memory ``m_t = sum_{s<=t} prod_{r=s+1..t} exp(g_r)`` (``m_t = exp(g_t) m_{t-1} + 1``): how many past
-  tokens the decay alone lets through to ``t``, in tokens (``1 / (1 - a)`` for a constant decay ``a``; KDA's
-  per-channel decay is averaged over channels). It ignores the delta rule's erasing, which the state norm shows.
-* Gates: the per-token decay ``exp(g)`` (GDN, KDA channel mean, Mamba2 ``exp(dt * A)``), beta (GDN/KDA) and
-  Mamba2's step ``dt``. MLA attention maps ``[H,T,T]`` (softmax probabilities, causal).
-"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from matplotlib.colors import PowerNorm
-from matplotlib.figure import Figure
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
@@ -57,11 +32,29 @@ RECURRENT = MIXERS  # ("gdn", "kda", "mamba2")
 
 
 # --------------------------------------------------------------------------------------------- loading
+def resolve_workdir(workdir: str | Path) -> Path:
+    """``workdir`` as given if absolute or found from here; a relative one is also looked up from the directory the
+    notebook server was started in (``$PWD``, which a Jupyter kernel inherits while its own working directory is the
+    notebook's folder) and from the repository root; FileNotFoundError naming every place tried."""
+    path = Path(workdir).expanduser()
+    if path.is_absolute():
+        candidates = [path]
+    else:
+        roots = [Path.cwd(), Path(os.environ.get("PWD", Path.cwd())), Path(__file__).resolve().parents[1]]
+        candidates = list(dict.fromkeys(root / path for root in roots))
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"workdir {workdir} not found; tried {', '.join(map(str, candidates))}: give an absolute "
+                            "path or one relative to where you started Jupyter")
+
+
 def load_model(workdir: str | Path | None = None, config: str | Path | ConfigDict | None = None,
                seed: int = 0) -> tuple[HybridLM, ConfigDict]:
-    """The checkpoint in ``workdir`` (newest step, via ``hybrid_jax.load``), else a random init of ``config``."""
+    """The checkpoint in ``workdir`` (newest step, via ``hybrid_jax.load``; a relative path as
+    :func:`resolve_workdir` finds it), else a random init of ``config``."""
     if workdir:
-        return load(workdir)
+        return load(resolve_workdir(workdir))
     if config is None:
         raise ValueError("load_model needs a workdir (a trained run) or a config (file path or ConfigDict)")
     config = config if isinstance(config, ConfigDict) else load_config_file(config)
@@ -104,6 +97,15 @@ class Trace:
     internals: list[dict]
     attention: dict[int, np.ndarray] = field(default_factory=dict)
     mixers: list[nnx.Module] = field(default_factory=list, repr=False)
+    labels: list[str] = field(default_factory=list)  # [T] each token as text (or ``id N`` without a tokenizer)
+
+
+def token_labels(tokens: np.ndarray, config: ConfigDict | None) -> list[str]:
+    """``[T]`` labels for plot axes: each token decoded with the run's tokenizer, else its id."""
+    tokenizer = tokenizer_of(config) if config is not None else None
+    if tokenizer is None:
+        return [str(int(t)) for t in tokens]
+    return [repr(tokenizer.decode([int(t)]))[1:-1] for t in tokens]
 
 
 @contextlib.contextmanager
@@ -119,8 +121,9 @@ def attention_capture(model: HybridLM) -> Iterator[None]:
             block.capture_attention = False
 
 
-def run(model: HybridLM, tokens: np.ndarray) -> Trace:
-    """Run ``tokens [T]`` through ``model`` and capture every sown value and every submodule's output."""
+def run(model: HybridLM, tokens: np.ndarray, config: ConfigDict | None = None) -> Trace:
+    """Run ``tokens [T]`` through ``model`` and capture every sown value and every submodule's output; ``config``
+    (the run's) labels the tokens with its tokenizer on the plots."""
     with attention_capture(model):
         logits, state = _capture(model, jnp.asarray(tokens, jnp.int32)[None])
     # each sown value is a 1-tuple of a [1, ...] array: keep the array, drop the batch dimension
@@ -137,7 +140,8 @@ def run(model: HybridLM, tokens: np.ndarray) -> Trace:
             attention[i] = captured[name]["attention"]
     return Trace(tokens=np.asarray(tokens), plan=model.plan, kinds=[layer.kind for layer in model.layers],
                  logits=np.asarray(logits[0], np.float32), residual=residual, updates=updates, internals=internals,
-                 attention=attention, mixers=[layer.block for layer in model.layers])
+                 attention=attention, mixers=[layer.block for layer in model.layers],
+                 labels=token_labels(np.asarray(tokens), config))
 
 
 @nnx.jit
@@ -168,6 +172,7 @@ class RecurrentLayer:
     log_decay: np.ndarray  # [T,HV] or [T,HV,K] (KDA): g
     beta: np.ndarray | None  # [T,HV] (GDN, KDA)
     dt: np.ndarray | None  # [T,HV] (Mamba2)
+    labels: list[str] = field(default_factory=list)  # [T] the tokens, for plot axes
 
     @property
     def state_norm(self) -> np.ndarray:
@@ -227,14 +232,14 @@ def recurrent_layer(trace: Trace, index: int) -> RecurrentLayer:
         recurrence = kernels.chunk_gated_delta_rule if kind == "gdn" else kernels.chunk_kda
         g, beta = inner["g"], inner["beta"]
         states = state_trajectory(recurrence, l2_normalize(k), v, g, beta)
-        return RecurrentLayer(index, kind, states, g, beta, None)
+        return RecurrentLayer(index, kind, states, g, beta, None, trace.labels)
     if kind == "mamba2":
         sizes = ((mixer.nheads, mixer.head_dim), (mixer.groups, mixer.state), (mixer.groups, mixer.state))
         x, b, _ = (y[0] for y in split_heads(conv, sizes))
         dt = inner["dt"]
         g = dt * -np.exp(np.asarray(mixer.A_log[...], np.float32))
         states = state_trajectory(kernels.chunk_simple_gla, b, dt[..., None] * x, g, None)
-        return RecurrentLayer(index, kind, states, g, None, dt)
+        return RecurrentLayer(index, kind, states, g, None, dt, trace.labels)
     raise ValueError(f"sublayer {index} is {kind!r}, not a recurrent mixer {RECURRENT}")
 
 
@@ -276,112 +281,3 @@ def chain_probs(tokens: np.ndarray, config: ConfigDict) -> np.ndarray:
     successors = MarkovSequences(config.model.vocab_size, 2, config.train.seed).successors[tokens[:-1]]
     hit = successors == tokens[1:, None]
     return np.where(hit.any(-1), np.asarray(SUCCESSOR_PROBS)[hit.argmax(-1)], 0.0)
-
-
-# --------------------------------------------------------------------------------------------- plots
-def _sublayer_labels(trace: Trace) -> list[str]:
-    return [f"{i}{ch}" for i, ch in enumerate(trace.plan)]
-
-
-def plot_activation_norms(trace: Trace) -> Figure:
-    """Residual-stream RMS along depth (line) and each sublayer's update RMS (bars, coloured by kind)."""
-    norms = activation_norms(trace)
-    colors = {"mla": "tab:red", "mlp": "tab:gray", "gdn": "tab:blue", "kda": "tab:green", "mamba2": "tab:purple"}
-    fig = Figure(figsize=(9, 4), layout="constrained")
-    ax = fig.add_subplot()
-    depth = np.arange(len(trace.kinds))
-    ax.bar(depth + 1, norms["update"], color=[colors[k] for k in trace.kinds], alpha=0.6, label="sublayer update")
-    ax.plot(np.arange(len(trace.residual)), norms["residual"], "k.-", label="residual stream")
-    ax.set_xticks(np.arange(len(trace.residual)), ["emb"] + _sublayer_labels(trace))
-    ax.set_xlabel("after sublayer (index + plan character)")
-    ax.set_ylabel("RMS over channels, mean over tokens")
-    ax.set_title("Activation norms along depth  (bars: " + ", ".join(
-        f"{k}={c.split(':')[1]}" for k, c in colors.items() if k in trace.kinds) + ")")
-    ax.legend()
-    return fig
-
-
-def plot_recurrent_states(layers: list[RecurrentLayer]) -> Figure:
-    """One row per recurrent layer: ``||S_t||_F`` per head over time, and effective memory per head over time."""
-    fig = Figure(figsize=(10, 2.6 * max(len(layers), 1)), layout="constrained")
-    axes = fig.subplots(max(len(layers), 1), 2, squeeze=False)
-    for row, layer in zip(axes, layers, strict=False):
-        row[0].plot(layer.state_norm)
-        row[0].set_ylabel(f"sublayer {layer.index} {layer.kind}\n||S_t||_F")
-        row[1].plot(layer.memory)
-        row[1].set_yscale("log")
-        row[1].set_ylabel("effective memory (tokens)")
-    axes[0, 0].set_title("recurrent state norm per head")
-    axes[0, 1].set_title("effective memory per head (decay only)")
-    for ax in axes[-1]:
-        ax.set_xlabel("position t")
-    return fig
-
-
-def plot_gates(layers: list[RecurrentLayer]) -> Figure:
-    """One row per recurrent layer: decay ``exp(g)`` [head x time], and beta (GDN/KDA) or dt (Mamba2)."""
-    fig = Figure(figsize=(10, 2.4 * max(len(layers), 1)), layout="constrained")
-    axes = fig.subplots(max(len(layers), 1), 2, squeeze=False)
-    for row, layer in zip(axes, layers, strict=False):
-        image = row[0].imshow(layer.decay.T, aspect="auto", interpolation="nearest", vmin=0, vmax=1, cmap="viridis")
-        fig.colorbar(image, ax=row[0])
-        row[0].set_ylabel(f"sublayer {layer.index} {layer.kind}\nhead")
-        second, name = (layer.beta, "beta") if layer.beta is not None else (layer.dt, "dt")
-        image = row[1].imshow(second.T, aspect="auto", interpolation="nearest", cmap="magma")
-        fig.colorbar(image, ax=row[1], label=name)
-        for ax in row:
-            ax.set_yticks(np.arange(layer.decay.shape[1]))
-    axes[0, 0].set_title("decay exp(g) per token (KDA: mean over key channels)")
-    axes[0, 1].set_title("beta (GDN, KDA) / dt (Mamba2)")
-    for ax in axes[-1]:
-        ax.set_xlabel("position t")
-    return fig
-
-
-def plot_attention(trace: Trace, max_heads: int = 8) -> Figure:
-    """One row per MLA layer, one column per head: the causal attention probabilities (query down, key across)."""
-    rows = sorted(trace.attention)
-    heads = min(max_heads, max((trace.attention[i].shape[0] for i in rows), default=1))
-    fig = Figure(figsize=(2.2 * heads, 2.4 * max(len(rows), 1)), layout="constrained")
-    axes = fig.subplots(max(len(rows), 1), heads, squeeze=False)
-    for r, index in enumerate(rows):
-        for h in range(heads):
-            axes[r, h].imshow(trace.attention[index][h], cmap="Blues", norm=PowerNorm(0.5, vmin=0, vmax=1),
-                              interpolation="nearest")
-            axes[r, h].set_title(f"sublayer {index} head {h}", fontsize=8)
-            axes[r, h].set_xticks([])
-            axes[r, h].set_yticks([])
-    axes[0, 0].set_ylabel("query position")
-    axes[-1, 0].set_xlabel("key position")
-    fig.suptitle("MLA attention maps (colour: sqrt of the probability)")
-    return fig
-
-
-def plot_next_token(trace: Trace, config: ConfigDict, k: int = 8) -> Figure:
-    """Left: the ``k`` most likely next tokens after the prompt. Right: the probability of each actual next token."""
-    fig = Figure(figsize=(11, 3.6), layout="constrained")
-    left, right = fig.subplots(1, 2, width_ratios=(1, 2))
-    labels, probs = zip(*next_token_table(trace, config, k), strict=True)
-    left.barh(np.arange(len(labels))[::-1], probs, color="tab:blue")
-    left.set_yticks(np.arange(len(labels))[::-1], labels, fontsize=8)
-    left.set_xlim(0, 1)
-    left.set_xlabel("probability")
-    left.set_title(f"next token after position {len(trace.tokens) - 1}")
-    positions = np.arange(1, len(trace.tokens))
-    right.plot(positions, target_probs(trace), ".-", label="model")
-    if tokenizer_of(config) is None:
-        right.plot(positions, chain_probs(trace.tokens, config), "x", color="gray", label="mock chain (the truth)")
-        right.legend(loc="upper right")
-    right.set_ylim(0, 1)
-    right.set_xlabel("position of the predicted token")
-    right.set_ylabel("p(actual next token)")
-    right.set_title("probability of the token that came next")
-    return fig
-
-
-def save_figure(fig: Figure, directory: str | Path, name: str) -> Path:
-    """Write ``fig`` as ``directory/name.png`` (directory created) and return the path."""
-    path = Path(directory) / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    return path
