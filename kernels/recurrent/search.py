@@ -1,7 +1,8 @@
 """The launch search space of the recurrent kernels, and each launch stage's inputs, for sweeping launches on a GPU.
 
-A sweep (``benchmarks/autotune.py``) walks the :class:`Axis` list of :func:`search_space` by coordinate descent from a
-table entry, timing only the stages an axis changes, each stage alone on the inputs :func:`stage_inputs` builds.
+The one sweep (``kernels/tooling/sweep.py``: ``python -m hybrid_jax.tune``, ``python -m benchmarks autotune``) walks
+the :class:`Axis` list of :func:`search_space` by coordinate descent from a table entry, timing only the stages an
+axis changes, each stage alone on the inputs :func:`stage_inputs` builds.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ LEVELS_STAGES = ("wy", "output", "grad")
 
 
 class HeadDims(Protocol):
-    """What the search space depends on in a problem shape (``benchmarks/shapes.py``'s ``Shape`` has it)."""
+    """What the search space depends on in a problem (``kernels/tooling/problems.py``'s ``Problem`` has it)."""
 
     K: int
     V: int
