@@ -3,8 +3,6 @@ launch config (what a sweep scores a candidate by, and what ``benchmarks kernels
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -29,15 +27,23 @@ def stage_args(p: Problem, config: RecurrentConfig, x: dict[str, jax.Array], do:
     static = Static(p.K**-0.5, config.chunk, config, interpret)
     q = reference.l2_normalize(x["q"]).astype(x["q"].dtype) if p.delta else x["q"]
     h0 = jnp.zeros((p.B, p.HV, p.K, p.V), jnp.float32)
-    build = jax.jit(functools.partial(stage_inputs, static))
-    return build(q, x["k"], x["v"], x["g"], x.get("beta"), h0, do, rel)
+    # called as it is (not jitted): some stages take a Python flag (``output``'s ``delta``) that must stay static
+    return stage_inputs(static, q, x["k"], x["v"], x["g"], x.get("beta"), h0, do, rel)
 
 
 def stage_ms(name: str, args: tuple, config: RecurrentConfig, repeats: int, interpret: bool = False, **kw) -> float:
     """Median ms of the stage ``name`` alone under ``config`` (arguments from :func:`stage_args` at its chunk;
     ``kw``: for the stage function, e.g. ``redo_far=False``). A config that does not compile raises."""
     static = Static(1.0, config.chunk, config, interpret)
-    return median_ms(jax.jit(functools.partial(STAGES[name], static, **kw)), *args, repeats=repeats)
+    arrays = [i for i, a in enumerate(args) if not isinstance(a, bool)]  # a flag (``output``'s ``delta``) stays static
+
+    def stage(*xs):
+        full = list(args)
+        for i, x in zip(arrays, xs, strict=True):
+            full[i] = x
+        return STAGES[name](static, *full, **kw)
+
+    return median_ms(jax.jit(stage), *(args[i] for i in arrays), repeats=repeats)
 
 
 def stage_times(p: Problem, config: RecurrentConfig, args: dict[str, tuple], repeats: int,
