@@ -78,13 +78,13 @@ def lowered_kernels(fn: Callable, args: tuple, arch: str) -> list[Kernel]:
     return list(kernels.values())
 
 
-def kernel_case(p: Problem, arch: str, variant: str = "", *, bwd: bool = True, initial_state: bool = False,
-                segments: bool = False) -> tuple[Callable, tuple]:
-    """``(fn, args)`` to lower: the Pallas op of ``p`` (the recurrent kernels at its chunk, 0: the table's; flash
-    attention, causal) with ``arch``'s table entry, a recurrent one changed by ``variant``
-    (``tuning.override``'s ``FIELD=VALUE,...``); ``bwd``: forward + backward (the value and the gradient of every
-    float input of ``o.sum()``, plus ``final_state.sum()`` with an initial state: under the gradient alone XLA drops
-    the output launch); args: :meth:`Problem.specs`."""
+def kernel_case(p: Problem, arch: str, variant: str = "", *, initial_state: bool = False, segments: bool = False
+                ) -> tuple[Callable, tuple]:
+    """``(fn, args)`` to lower: the forward + backward of ``p``'s Pallas op (the recurrent kernels at its chunk, 0:
+    the table's; flash attention, causal) with ``arch``'s table entry, a recurrent one changed by ``variant``
+    (``tuning.override``'s ``FIELD=VALUE,...``): the value and the gradient of every float input of ``o.sum()``, plus
+    ``final_state.sum()`` with an initial state (under the gradient alone XLA drops the output launch); it lowers
+    every forward launch too. Args: :meth:`Problem.specs`."""
     specs = p.specs(initial_state=initial_state, segments=segments)
     names = list(specs)
     if p.recurrent:
@@ -103,9 +103,6 @@ def kernel_case(p: Problem, arch: str, variant: str = "", *, bwd: bool = True, i
             x = dict(zip(names, xs, strict=True))
             return flash_attention(x["q"], x["k"], x["v"], scale=p.scale, config=config,
                                    segment_ids=x.get("segment_ids")), None
-
-    if not bwd:
-        return fwd, tuple(specs.values())
 
     def loss(*xs):
         o, final = fwd(*xs)

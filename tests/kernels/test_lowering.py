@@ -2,8 +2,8 @@
 
 A kernel that the Triton lowering rejects (a non-power-of-two block, a 3-D dot, a reverse cumsum, ...) fails here
 instead of on the GPU. Shared-memory overflow is not caught: it shows only when compiled on the device. To add a
-kernel, append a case to ``CASES``: a problem, forward or forward + backward, a config variant
-(``tuning.override``'s syntax), packed documents or not.
+kernel, append a case to ``CASES``: a problem, a config variant (``tuning.override``'s syntax), packed documents or
+not (forward + backward: that lowers every forward launch too).
 """
 
 from __future__ import annotations
@@ -27,18 +27,17 @@ def model_like(op: str, *, chunk: int = 0, T: int = 200) -> Problem:
 
 @dataclasses.dataclass(frozen=True)
 class Lowering:
-    """One lowering test: ``problem`` forward (``bwd=False``) or forward + backward, with the arch's table entry
-    changed by ``variant``, with packed documents if ``segments``."""
+    """One lowering test: ``problem``'s forward + backward, with the arch's table entry changed by ``variant``, with
+    packed documents if ``segments``."""
 
     name: str
     problem: Problem
-    bwd: bool = True
     variant: str = ""
     segments: bool = False
 
     def triton_calls(self, arch: str) -> int:
         """The Pallas launches the lowered text must hold at least: wy (delta rule), state, output (unless the
-        config computes it in the state pass); backward: state_bwd, grad (and grad_wy where split)."""
+        config computes it in the state pass), state_bwd, grad (and grad_wy where split)."""
         p = self.problem
         if not p.recurrent:
             return 3
@@ -46,17 +45,15 @@ class Lowering:
         cfg = override(cfg, self.variant) if self.variant else cfg
         split = p.delta and cfg.splits_grad(64, 64)
         forward = (3 if p.delta else 2) - (p.delta and cfg.output_in_state)
-        return forward + ((3 if split else 2) if self.bwd else 0)
+        return forward + (3 if split else 2)
 
 
 SPLIT, FUSED = "split_grad_from=0", "split_grad_from=none"
 PER_PROGRAM = "chunks_per_program=4,chunks_per_program_from=0"
+# forward + backward lowers every forward launch too (the custom_vjp's forward rule runs the same launches)
 CASES = [
-    Lowering("gdn_fwd", model_like("gdn"), bwd=False),
     Lowering("gdn_fwd_bwd", model_like("gdn")),
-    Lowering("gla_fwd", model_like("gla"), bwd=False),
     Lowering("gla_fwd_bwd", model_like("gla")),
-    Lowering("kda_fwd", model_like("kda"), bwd=False),
     Lowering("kda_fwd_bwd", model_like("kda")),
     Lowering("gdn_fwd_bwd_split_grad", model_like("gdn"), variant=SPLIT),
     Lowering("kda_fwd_bwd_split_grad", model_like("kda"), variant=SPLIT),
@@ -89,7 +86,7 @@ CASES = [
 @pytest.mark.parametrize("arch", list(TARGETS))
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_lowers_to_triton(case: Lowering, arch: str):
-    fn, args = kernel_case(case.problem, arch, case.variant, bwd=case.bwd, initial_state=case.problem.recurrent,
+    fn, args = kernel_case(case.problem, arch, case.variant, initial_state=case.problem.recurrent,
                            segments=case.segments)
     assert lower(fn, args, arch).count(TRITON_CALL) >= case.triton_calls(arch)
 
