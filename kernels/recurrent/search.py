@@ -8,7 +8,7 @@ axis changes, each stage alone on the inputs :func:`stage_inputs` builds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -20,19 +20,14 @@ from hybrid_jax.kernels.recurrent.op import kernel_gate
 from hybrid_jax.kernels.recurrent.segments import sequential_qk
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
 
+if TYPE_CHECKING:  # the tooling's problems import the op table, which imports this module
+    from hybrid_jax.kernels.tooling.problems import Problem
+
 LAUNCHES = tuple(Launch(w, s) for w in (2, 4, 8) for s in (1, 2, 3))
 STAGES = {"wy": wy, "state": state_fwd, "output": output, "state_bwd": state_bwd, "grad": grad}
 # stages with diagonal row blocks: with a per-key gate a first launch around one reference row per block, then one
 # that redoes the rows it got wrong (launch.diagonal_launches), whose programs exit unless their chunk has such rows
 LEVELS_STAGES = ("wy", "output", "grad")
-
-
-class HeadDims(Protocol):
-    """What the search space depends on in a problem (``kernels/tooling/problems.py``'s ``Problem`` has it)."""
-
-    K: int
-    V: int
-    delta: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +40,7 @@ class Axis:
     stages: tuple[str, ...]
 
 
-def search_space(cfg: RecurrentConfig, problems: list[HeadDims]) -> list[Axis]:
+def search_space(cfg: RecurrentConfig, problems: list[Problem]) -> list[Axis]:
     """The axes to sweep from ``cfg`` at ``problems``, in sweep order: the state passes' V tiles, then (warps, stages)
     of each launch; the split gradient pass's second launch only where some problem splits it."""
     axes = [Axis("block_v", (32, 64, 128), ("state", "state_bwd")),
