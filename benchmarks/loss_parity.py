@@ -82,6 +82,7 @@ def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
     from benchmarks.fla_reference import lift_hopper_guard, recurrent_case
     from hybrid_jax.export.fla import fla_kind
     from hybrid_jax.export.modeling_hybrid import chunked_recurrence
+    from hybrid_jax.kernels.registry import OPS
     from hybrid_jax.kernels.tooling.errors import rel_rms
     from hybrid_jax.kernels.tooling.problems import Problem
 
@@ -109,7 +110,7 @@ def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
     errors = dict(out=err(out, ref), **{f"d{n}": err(a, b) for n, a, b in zip(
         ("q", "k", "v", "g", "beta"), grads, ref_grads, strict=True)})
     ok = errors["out"] <= GUARD_TOL["out"] and all(e <= GUARD_TOL["grad"] for n, e in errors.items() if n != "out")
-    return dict(kernel="chunk_kda" if kind == "kda" else "chunk_gated_delta_rule", shape=dataclasses.asdict(shape),
+    return dict(kernel=OPS[shape.op].function, shape=dataclasses.asdict(shape),
                 errors=errors, tol=GUARD_TOL, ok=ok, triton=__import__("triton").__version__,
                 device=torch.cuda.get_device_name())
 
