@@ -3,12 +3,12 @@
     python -m benchmarks run 'accuracy --side ours --config configs/zebra_300m_kda.py' \\
                              'accuracy --side fla --config configs/zebra_300m_kda.py'
 
-``--side ours`` (JAX): the kernel calls of each config (``hybrid_jax.doctor.cases``: the model's shapes and
-gates, batch 2, T 2048) with bf16 inputs; the float32 chunked XLA form at the highest matmul precision is the
-reference. It writes the inputs, the cotangents and the reference's outputs and gradients to
-``--scratch/<case>.npz`` (default ``/tmp/accuracy``; tens of MB, not part of the record) and the record
-``accuracy_ours``: the relative RMS error of our Pallas kernels' output,
-final state and every input's gradient. ``--side fla`` (PyTorch, a process of its own) reads those files, runs
+``--side ours`` (JAX): the kernel calls of each config (``hybrid_jax.model.kernel_calls``: the model's shapes, batch
+2, T 2048) with bf16 inputs with the model's gates (``kernels/tooling/inputs.py``); the float32 chunked XLA form at
+the highest matmul precision is the reference. It writes the inputs, the cotangents and the reference's outputs and
+gradients to ``--scratch/<case>.npz`` (default ``/tmp/accuracy``; tens of MB, not part of the record) and the record
+``accuracy_ours``: the relative RMS error of our Pallas kernels' output, final state and every input's gradient.
+``--side fla`` (PyTorch, a process of its own) reads those files, runs
 FLA's kernel on the same bf16 inputs (q/k L2-normalised in the kernel, grouped value heads by repeating q/k, as
 FLA's models do) and writes ``accuracy_fla`` with the same errors. FLA refuses its gated backward on Hopper under
 Triton < 3.7.1 (a miscompile guard); it is lifted here, so FLA's gradient errors on such a GPU are reported, not
@@ -23,13 +23,9 @@ import pathlib
 import numpy as np
 
 from benchmarks import record
+from hybrid_jax.kernels.tooling.errors import rel_rms  # imports JAX, starts no backend (the FLA side's process)
 
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-
-
-def rel_rms(x, ref) -> float:
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def _errors(out: dict, ref: dict) -> dict[str, float]:
@@ -41,29 +37,27 @@ def ours(configs: list[str], folder: pathlib.Path) -> dict:
     import jax.numpy as jnp
 
     from hybrid_jax.config import load_config_file
-    from hybrid_jax.doctor.cases import inputs
-    from hybrid_jax.doctor.checks import _cotangents, _f32, _fwd_bwd
-    from hybrid_jax.model.kernel_calls import cases_of
+    from hybrid_jax.kernels.tooling.calls import fwd_bwd, reference_run
+    from hybrid_jax.kernels.tooling.inputs import cotangents, inputs
+    from hybrid_jax.model.kernel_calls import problems_of
 
     figures = {}
     for path in configs:
-        for case in cases_of(load_config_file(path), batch=2, seq_len=2048, max_heads=None):
-            stem = f"{case.op}_H{case.H}_{case.HV}_K{case.K}_V{case.V}"
-            if case.op == "attention" or stem in figures:
+        for p in problems_of(load_config_file(path), batch=2, seq_len=2048, max_heads=None):
+            stem = f"{p.op}_H{p.H}_{p.HV}_K{p.K}_V{p.V}"
+            if p.op == "attention" or stem in figures:
                 continue
-            x = inputs(case)
-            ct = _cotangents(case, x)
-            (o, final), grads = jax.jit(_fwd_bwd(case, "pallas"))(x, ct)
-            with jax.default_matmul_precision("highest"):
-                (ro, rfinal), rgrads = jax.jit(_fwd_bwd(case, "xla"))(_f32(x), _f32(ct))
+            x, ct = inputs(p), cotangents(p)
+            (o, final), grads = jax.jit(fwd_bwd(p, "pallas"))(x, ct)
+            (ro, rfinal), rgrads = reference_run(p, "xla", x, ct)
             ref = {"ref_o": ro, "ref_final_state": rfinal, **{f"ref_d{n}": rgrads[n] for n in rgrads}}
             got = {"o": o, "final_state": final, **{f"d{n}": grads[n] for n in grads}}
             arrays = {n: np.asarray(jnp.asarray(a, jnp.float32)) for n, a in {**x, **ref}.items()}
             np.savez(folder / f"{stem}.npz", do=np.asarray(
-                ct[0].astype(jnp.float32)), dfinal=np.asarray(ct[1]), scale=np.float32(case.scale or 0.0), **arrays)
-            figures[stem] = {"shape": case.shape, "chunk": case.chunk or "tuned",
-                                  "errors": _errors({n: np.asarray(a.astype(jnp.float32)) for n, a in got.items()},
-                                                    {k: np.asarray(v) for k, v in ref.items()})}
+                ct[0].astype(jnp.float32)), dfinal=np.asarray(ct[1]), scale=np.float32(p.scale or 0.0), **arrays)
+            figures[stem] = {"shape": p.shape, "chunk": p.chunk or "tuned",
+                             "errors": _errors({n: np.asarray(a.astype(jnp.float32)) for n, a in got.items()},
+                                               {k: np.asarray(v) for k, v in ref.items()})}
             print(f"{stem:<24} ours {figures[stem]['errors']}", flush=True)
     return figures
 

@@ -1,13 +1,15 @@
-"""Sweep launch parameters of the recurrent kernels on a GPU and print an entry for ``kernels/tuning.py``.
+"""Sweep launch parameters of the recurrent kernels on a GPU at benchmark shapes and print an entry for
+``kernels/tuning.py``.
 
     python -m benchmarks autotune [--shape gdn_anchor ...] [--budget-s 150] [--start chunk=64] [--fields grad ...]
 
-Coordinate descent from the current table entry over the search space beside the kernels
-(``kernels/recurrent/search.py``: the state passes' V tiles, then (num_warps, num_stages) of each launch), one axis at
-a time, timing only the stages an axis changes (each candidate compiles one kernel). A candidate that fails to compile
-(for example shared memory overflow on MI300X) is skipped with a note. Stops when the time budget is spent. With
-several shapes, a candidate's score is the sum over shapes. Writes the record ``autotune`` (the winner and every
-candidate's time).
+The search of ``python -m hybrid_jax.tune`` (``kernels/tooling/sweep.py``): coordinate descent from the current table
+entry over the search space beside the kernels (``kernels/recurrent/search.py``: the state passes' V tiles, then
+(num_warps, num_stages) of each launch), one axis at a time, timing only the stages an axis changes (each candidate
+compiles one kernel) on FLA-law inputs, a faster candidate kept only once its values and gradients match the float32
+XLA form (on inputs with the model's gates). A candidate that fails to compile (for example shared memory overflow on
+MI300X) is skipped with a note. Stops when the time budget is spent. With several shapes (of one op), a candidate's
+score is the sum over shapes. Writes the record ``autotune`` (the winner and every candidate's time).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import dataclasses
 import time
 
 from benchmarks import record
-from benchmarks.kernels import SHAPES, stage_args, stage_ms
+from benchmarks.shapes import SHAPES, by_name
 from hybrid_jax.kernels.registry import OPS
-from hybrid_jax.kernels.tuning import current_arch, override, recurrent_op
+from hybrid_jax.kernels.tooling.sweep import Search, sweep
+from hybrid_jax.kernels.tuning import current_arch, override
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,49 +34,34 @@ def main(argv: list[str] | None = None) -> None:
                     "(e.g. chunk=64: tune the launches at another chunk; KERNEL.FIELD sets a launch's field)")
     ap.add_argument("--fields", nargs="+", help="sweep only these axes, in this order (default: all, in the "
                                                 "search space's order)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    shapes = [s for s in SHAPES if s.name in args.shape]
-    op = OPS[recurrent_op(shapes[0].per_key, shapes[0].delta)]
-    best = op.config()  # KDA shapes start from (and print) the KDA table
-    best = override(best, args.start) if args.start else best
-    axes = op.search_space(best, shapes)
+    shapes = by_name(args.shape)
+    if len({s.op for s in shapes}) > 1:
+        ap.error(f"--shape: one op at a time, got {sorted({s.op for s in shapes})}")
+    if args.smoke:
+        shapes = [dataclasses.replace(s.small(T=64), K=16, V=16) for s in shapes]
+    op = OPS[shapes[0].op]
+    begin = op.config()  # KDA shapes start from (and print) the KDA table
+    begin = override(begin, args.start) if args.start else begin
+    search = Search(shapes, begin, interpret=args.smoke, repeats=args.repeats)
+    axes = search.axes()
     if args.fields:
         by_field = {a.field: a for a in axes}
         unknown = [f for f in args.fields if f not in by_field]
         if unknown:
             ap.error(f"--fields {unknown} are not in the search space at these shapes: {list(by_field)}")
         axes = [by_field[f] for f in args.fields]
-    stage_inputs = [stage_args(s, best) for s in shapes]
-    tried = []
-
-    def measure(cfg, stages) -> float:
-        try:
-            return sum(stage_ms(n, a[n], cfg, args.repeats) for a in stage_inputs for n in stages if n in a)
-        except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
-            print(f"  skip: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            return float("inf")
-
-    print(f"{current_arch()} {args.shape}: start {best}", flush=True)
-    for axis in axes:
-        best_ms = measure(best, axis.stages)
-        print(f"{axis.field}: {getattr(best, axis.field)} {best_ms:.3f} ms", flush=True)
-        for value in axis.values:
-            if time.perf_counter() - start > args.budget_s:
-                break
-            if getattr(best, axis.field) == value:
-                continue
-            cand = dataclasses.replace(best, **{axis.field: value})
-            ms = measure(cand, axis.stages)
-            tried.append({"field": axis.field, "value": repr(value), "ms": ms})
-            print(f"  {value}: {ms:.3f} ms", flush=True)
-            if ms < best_ms:
-                best, best_ms = cand, ms
+    print(f"{current_arch()} {args.shape}: start {begin}", flush=True)
+    best = sweep(search, start + args.budget_s, note=lambda text: print(f"  {text}", flush=True), axes=axes)
+    for t in search.tried:
+        print(f"  {t['field']}={t['value']}: {t['ms']:.3f} ms {t['outcome']}", flush=True)
     print(f"done after {time.perf_counter() - start:.0f} s")
     print(f'    "{current_arch()}": {best!r},')
-    record.save("autotune", {"shapes": args.shape, "arch": current_arch(), "best": repr(best), "tried": tried},
-                out=args.out)
+    record.save("autotune", {"shapes": args.shape, "arch": current_arch(), "best": repr(best),
+                             "tried": search.tried}, out=args.out)
 
 
 if __name__ == "__main__":

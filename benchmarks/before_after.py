@@ -5,9 +5,11 @@ gradients are bit for bit the same.
     git worktree add /tmp/before HEAD~1   # or git archive ... | tar -x -C /tmp/before
     python -m benchmarks before_after --tree /tmp/before [--only gdn_anchor ...] [--rounds 3] [--repeats 10]
 
-The other tree's ``kernels/`` is copied to a temporary package (its ``hybrid_jax.kernels`` imports renamed) and
-called through its public functions (``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_simple_gla`` with
-``impl="pallas"``), each tree with its own tuning table for this GPU. Timings alternate between the trees over
+The other tree's ``kernels/`` is copied to a temporary package (its ``hybrid_jax.kernels`` imports renamed; a tree
+of the layout before ``hybrid_jax/kernels.py`` has its own ``kernels/__init__.py``, one after gets an ``__init__.py``
+that imports the public functions from its ``api.py``) and called through its public functions
+(``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_simple_gla`` with ``impl="pallas"``), each tree with its own
+tuning table for this GPU, on the inputs ``benchmarks kernels`` times. Timings alternate between the trees over
 ``--rounds`` rounds (median of each tree's rounds), so that drift in the GPU's clock hits both alike. Writes the
 record ``before_after``.
 """
@@ -27,29 +29,39 @@ import jax
 import numpy as np
 
 from benchmarks import record
-from benchmarks.kernels import inputs
-from benchmarks.shapes import SHAPES, Shape
-from benchmarks.timing import median_ms
+from benchmarks.shapes import SHAPES
 from hybrid_jax import kernels as this_tree
+from hybrid_jax.kernels.registry import OPS
+from hybrid_jax.kernels.tooling.inputs import cotangents, inputs
+from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.kernels.tooling.timing import median_ms
 
 PACKAGE = "kernels_of_the_other_tree"
 
 
 def import_kernels(tree: pathlib.Path, into: pathlib.Path):
-    """``tree/kernels`` as the package :data:`PACKAGE` (copied under ``into``, imports renamed)."""
-    if not (tree / "kernels" / "__init__.py").is_file():
-        raise SystemExit(f"--tree {tree}: no kernels/__init__.py there; give the root of a hybrid_jax checkout")
+    """``tree/kernels`` as the package :data:`PACKAGE` (copied under ``into``, imports renamed). Either layout: the
+    folder a package of its own (``kernels/__init__.py``), or the folder of ``hybrid_jax/kernels.py``'s package."""
+    source = tree / "kernels"
+    old_layout = (source / "__init__.py").is_file()
+    if not old_layout and not ((tree / "hybrid_jax" / "kernels.py").is_file() and (source / "api.py").is_file()):
+        raise SystemExit(f"--tree {tree}: neither kernels/__init__.py nor hybrid_jax/kernels.py with kernels/api.py "
+                         "there; give the root of a hybrid_jax checkout")
     target = into / PACKAGE
-    shutil.copytree(tree / "kernels", target)
+    shutil.copytree(source, target)
     for path in target.rglob("*.py"):
-        path.write_text(path.read_text().replace("hybrid_jax.kernels", PACKAGE))
+        text = path.read_text().replace("from hybrid_jax import kernels", f"import {PACKAGE} as kernels")
+        path.write_text(text.replace("hybrid_jax.kernels", PACKAGE))
+    if not old_layout:
+        (target / "__init__.py").write_text(f"from {PACKAGE}.api import (attention, chunk_gated_delta_rule, "
+                                            "chunk_kda, chunk_simple_gla)  # noqa: F401\n")
     sys.path.insert(0, str(into))
     return importlib.import_module(PACKAGE)
 
 
-def functions(api, s: Shape, impl: str):
+def functions(api, s: Problem, impl: str):
     """(forward, forward+backward) jitted on the input dict, through ``api``'s public function for ``s``."""
-    op = api.chunk_kda if s.per_key else api.chunk_gated_delta_rule if s.delta else api.chunk_simple_gla
+    op = getattr(api, OPS[s.op].function)
 
     def fwd(x):
         extra = (x["beta"],) if s.delta else ()
@@ -63,9 +75,11 @@ def functions(api, s: Shape, impl: str):
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
-def compare(s: Shape, before, rounds: int, repeats: int, impl: str = "pallas") -> dict:
-    x = inputs(s)
-    do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), x["v"].dtype)
+def compare(s: Problem, before, rounds: int, repeats: int, impl: str = "pallas") -> dict:
+    """Both trees' fwd and fwd+bwd ms at ``s`` (FLA-law inputs, as ``benchmarks kernels``), alternating over
+    ``rounds``, their ratios, and whether outputs and gradients are bit for bit the same."""
+    x = inputs(s, law="fla", initial_state=False)
+    do = cotangents(s)[0]
     fns = {"before": functions(before, s, impl), "after": functions(this_tree, s, impl)}
     outs = {tree: jax.tree.leaves(fb(x, do)) for tree, (_, fb) in fns.items()}
     same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*outs.values(), strict=True))
@@ -98,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.only and s.name not in args.only:
                 continue
             if args.smoke:
-                s = dataclasses.replace(s, B=1, T=64, H=1, HV=max(1, s.HV // s.H), K=16, V=16)
+                s = dataclasses.replace(s, B=1, T=64, H=1, HV=s.HV // s.H, K=16, V=16)
             r = results[s.name] = compare(s, before, args.rounds, args.repeats,
                                           "pallas_interpret" if args.smoke else "pallas")
             print(f"{s.name:<12} {r['before_fwd_ms']:9.3f} {r['after_fwd_ms']:9.3f} {r['fwd_ratio']:6.3f} "

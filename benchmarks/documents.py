@@ -6,15 +6,16 @@ the recurrent kernels the median of ``--rounds`` rounds that time the two in tur
     ncu -k 'regex:^(state_bwd|grad_bwd)$' --launch-skip 2 --launch-count 2 python -m benchmarks documents \
         --only kda_300m --calls-only documents     (and --calls-only none)
 
-``--profile``: also the device time per call of each launch and XLA op, with and without documents (a profiler
-trace of a few calls), largest difference first. ``--stages``: also each recurrent launch stage alone
-(``benchmarks.kernels.stage_times``) with no documents, a boundary every ``--every`` tokens, and one in every chunk
-(every chunk takes the masked form).
+Inputs of FLA's benchmark law, as ``benchmarks kernels`` times (``kernels/tooling/inputs.py``). ``--profile``: also
+the device time per call of each launch and XLA op, with and without documents (a profiler trace of a few calls),
+largest difference first. ``--stages``: also each recurrent launch stage alone (``kernels/tooling/stages.py``) with no
+documents, a boundary every ``--every`` tokens, and one in every chunk (every chunk takes the masked form).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -23,12 +24,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from benchmarks.kernels import stage_times
-from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
-from benchmarks.timing import median_ms
+from benchmarks.kernels import timing_inputs
+from benchmarks.shapes import ATTENTION_SHAPES, SHAPES
 from benchmarks.trace_summary import summarize
-from hybrid_jax.kernels import api
-from hybrid_jax.kernels.tuning import recurrent_config, recurrent_op
+from hybrid_jax.kernels.tooling.calls import call
+from hybrid_jax.kernels.tooling.inputs import inputs
+from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.kernels.tooling.stages import stage_times
+from hybrid_jax.kernels.tooling.timing import median_ms
+from hybrid_jax.kernels.tuning import recurrent_config
 
 
 def _fwd_bwd(fn, *args):
@@ -45,22 +49,13 @@ def _fwd_bwd(fn, *args):
     return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(floats))))), [args[i] for i in floats]
 
 
-def recurrent_fwd_bwd(shape: Shape, segment_ids, impl: str):
-    """-> the jitted fwd+bwd of the recurrent op at ``shape`` (bf16 inputs) and its float inputs."""
-    ks = jax.random.split(jax.random.PRNGKey(0), 5)
-    B, T, H, HV, K, V = shape.B, shape.T, shape.H, shape.HV, shape.K, shape.V
-    q, k = (jax.random.normal(x, (B, T, H, K), jnp.bfloat16) for x in ks[:2])
-    v = jax.random.normal(ks[2], (B, T, HV, V), jnp.bfloat16)
-    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, HV, K) if shape.per_key else (B, T, HV)) + 2.0)
-    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, HV))).astype(jnp.bfloat16) if shape.delta else None
-    op = api.chunk_kda if shape.per_key else api.chunk_gated_delta_rule if shape.delta else None
-
-    def fn(q, k, v, g, beta):
-        if op is None:
-            return api.chunk_simple_gla(q, k, v, g, impl=impl, segment_ids=segment_ids)[0]
-        return op(q, k, v, g, beta, use_qk_l2norm=True, impl=impl, segment_ids=segment_ids)[0]
-
-    return _fwd_bwd(fn, q, k, v, g, beta)
+def problem_fwd_bwd(p: Problem, segment_ids, impl: str):
+    """-> the jitted fwd+bwd of ``p``'s op (its inputs of FLA's law, no initial state; ``kernels/tooling``) with
+    ``impl`` and ``segment_ids`` (None: no documents), and its float inputs."""
+    x = inputs(p, law="fla", initial_state=False)
+    names = list(x)
+    return _fwd_bwd(lambda *xs: call(p, dict(zip(names, xs, strict=True)), impl, segment_ids=segment_ids)[0],
+                    *x.values())
 
 
 def alternating_ms(fns: list, repeats: int, rounds: int) -> list[tuple[float, ...]]:
@@ -77,15 +72,6 @@ def launch_us(grad, xs, folder: Path, calls: int = 5) -> dict[str, float]:
             jax.block_until_ready(grad(*xs))
     ops = summarize(folder, top=1000)["ops"]
     return {o["name"]: 1e3 * o["ms"] / calls for o in ops}
-
-
-def attention_ms(dims, segment_ids, impl: str, repeats: int) -> float:
-    B, T, H, dqk, dv = dims
-    ks = jax.random.split(jax.random.PRNGKey(1), 3)
-    q, k = (jax.random.normal(x, (B, T, H, dqk), jnp.bfloat16) for x in ks[:2])
-    v = jax.random.normal(ks[2], (B, T, H, dv), jnp.bfloat16)
-    grad, xs = _fwd_bwd(lambda q, k, v: api.attention(q, k, v, impl=impl, segment_ids=segment_ids), q, k, v)
-    return median_ms(grad, *xs, repeats=repeats)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,17 +94,17 @@ def main(argv: list[str] | None = None) -> None:
     impl = "pallas_interpret" if args.smoke else "auto"
     shapes = [s for s in SHAPES if args.only is None or s.name in args.only]
     if args.smoke:
-        shapes = [Shape(s.name, 1, 64, 1, 2, 16, 16, s.delta, s.per_key) for s in shapes[:3]]
+        shapes = [dataclasses.replace(s, B=1, T=64, H=1, HV=2, K=16, V=16) for s in shapes[:3]]
     rows = []
     for shape in shapes:
         seg = jnp.broadcast_to(jnp.arange(shape.T, dtype=jnp.int32) // min(args.every, shape.T), (shape.B, shape.T))
         if args.calls_only:
-            grad, xs = recurrent_fwd_bwd(shape, seg if args.calls_only == "documents" else None, impl)
+            grad, xs = problem_fwd_bwd(shape, seg if args.calls_only == "documents" else None, impl)
             for _ in range(2):
                 jax.block_until_ready(grad(*xs))
             print(f"called {shape.name} twice, {args.calls_only}", flush=True)
             continue
-        fns = [recurrent_fwd_bwd(shape, ids, impl) for ids in (None, seg)]
+        fns = [problem_fwd_bwd(shape, ids, impl) for ids in (None, seg)]
         times = alternating_ms(fns, args.repeats, args.rounds)
         ratios = sorted(d / n for n, d in times)
         none, docs = (statistics.median(t[i] for t in times) for i in (0, 1))
@@ -133,21 +119,19 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(dict(part="launch", shape=f"{shape.name}.{op}", none_ms=none.get(op, 0.0) / 1e3,
                                  documents_ms=docs.get(op, 0.0) / 1e3))
         if args.stages:
-            cfg = recurrent_config(per_key=shape.per_key, op=recurrent_op(shape.per_key, shape.delta),
-                                   dims=(shape.K, shape.V))
+            cfg = recurrent_config(per_key=shape.per_key, op=shape.op, dims=shape.key[1:])
             every = min(args.every, shape.T)
-            none, docs, each = (stage_times(shape, cfg, args.repeats, interpret=args.smoke, every=e)
-                                for e in (None, every, cfg.chunk))
+            none, docs, each = (stage_times(shape, cfg, timing_inputs(shape, cfg, args.smoke, e)[2], args.repeats,
+                                            interpret=args.smoke) for e in (None, every, cfg.chunk))
             rows += [dict(part="stage", shape=f"{shape.name}.{n}", none_ms=none[n], documents_ms=docs[n],
                           ratio=docs[n] / none[n], every_chunk_ms=each[n]) for n in none]
     if args.calls_only:
         return
-    attention = {} if args.no_attention else {"smoke": (1, 64, 2, 16, 16)} if args.smoke else ATTENTION_SHAPES
-    for name, dims in attention.items():
-        B, T = dims[:2]
-        seg = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) // min(args.every, T), (B, T))
-        none, docs = (attention_ms(dims, s, impl, args.repeats) for s in (None, seg))
-        rows.append(dict(part="attention", shape=name, none_ms=none, documents_ms=docs, ratio=docs / none))
+    smoke = [Problem("attention", 1, 64, 2, 2, 16, 16, name="smoke")]
+    for p in [] if args.no_attention else smoke if args.smoke else ATTENTION_SHAPES:
+        seg = jnp.broadcast_to(jnp.arange(p.T, dtype=jnp.int32) // min(args.every, p.T), (p.B, p.T))
+        none, docs = alternating_ms([problem_fwd_bwd(p, s, impl) for s in (None, seg)], args.repeats, 1)[0]
+        rows.append(dict(part="attention", shape=p.name, none_ms=none, documents_ms=docs, ratio=docs / none))
     for row in rows:
         if row["part"] == "launch":
             print(f"launch     {row['shape'][:60]:<60} none {1e3 * row['none_ms']:8.1f} us  documents "

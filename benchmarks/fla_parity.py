@@ -38,6 +38,7 @@ from hybrid_jax.config import base_config
 from hybrid_jax.data import DataStream
 from hybrid_jax.export import export_model, import_fla
 from hybrid_jax.export.fla import ARCHITECTURES
+from hybrid_jax.kernels.tooling.errors import rel_rms
 from hybrid_jax.model import HybridLM
 
 FP32_TOL, LOSS_TOL = 5e-3, 2e-3  # random-init losses sit near ln(vocab): the logits checks are the sharper ones
@@ -65,11 +66,6 @@ def fla_class(kind: str):
     return AutoModelForCausalLM, ARCHITECTURES[kind][0]
 
 
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 def ours_logits(model: HybridLM, model_cfg, tokens: np.ndarray, dtype: str) -> np.ndarray:
     """Logits of ``model``'s parameters with compute dtype ``dtype`` (a copy of the model in that dtype)."""
     cfg = model_cfg.copy_and_resolve_references()
@@ -90,7 +86,7 @@ def compare_logits(ours: HybridLM, ours_cfg, theirs, tokens: np.ndarray) -> dict
     ours16 = ours_logits(ours, ours_cfg, tokens, "bfloat16")
     theirs32 = fla_logits(theirs, tokens, torch.float32)
     theirs16 = fla_logits(theirs, tokens, torch.bfloat16)
-    err32, err16, floor = rel_err(theirs32, ours32), rel_err(theirs16, ours16), rel_err(ours16, ours32)
+    err32, err16, floor = rel_rms(theirs32, ours32), rel_rms(theirs16, ours16), rel_rms(ours16, ours32)
     return dict(fp32_rel_rms_err=err32, fp32_max_abs_err=float(np.abs(theirs32 - ours32).max()), fp32_tol=FP32_TOL,
                 bf16_rel_rms_err=err16, bf16_noise_floor=floor, bf16_tol=BF16_FLOOR_FACTOR * floor,
                 logits_ok=err32 <= FP32_TOL and err16 <= BF16_FLOOR_FACTOR * floor)

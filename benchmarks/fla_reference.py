@@ -24,12 +24,13 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from benchmarks import record
-from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
+from benchmarks.shapes import ATTENTION_SHAPES, by_name
+from hybrid_jax.kernels.tooling.problems import Problem  # imports JAX, starts no backend
 
 DEV, BF16 = "cuda", torch.bfloat16
 
 
-def recurrent_case(s: Shape) -> tuple:
+def recurrent_case(s: Problem) -> tuple:
     """(call, inputs that get gradients, ``do``) for FLA's kernel of shape ``s``."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.kda import chunk_kda
@@ -62,7 +63,9 @@ def recurrent_case(s: Shape) -> tuple:
     return call, inputs, do
 
 
-def attention_case(B: int, T: int, H: int, dqk: int, dv: int) -> tuple:
+def attention_case(p: Problem) -> tuple:
+    """(SDPA, its inputs ``[B, H, T, D]``, ``do``) at problem ``p`` (``K`` the qk head dim, ``V`` the v head dim)."""
+    B, T, H, dqk, dv = p.B, p.T, p.H, p.K, p.V
     torch.manual_seed(0)
     q, k = (torch.randn(B, H, T, dqk, device=DEV, dtype=BF16, requires_grad=True) for _ in range(2))
     v = torch.randn(B, H, T, dv, device=DEV, dtype=BF16, requires_grad=True)
@@ -92,16 +95,6 @@ def lift_hopper_guard() -> None:
     chunk_o.TRITON_ABOVE_3_7_1 = True
 
 
-def shapes_in_order(only: list[str] | None) -> list:
-    """The recurrent shapes named in ``only``, in that order (FLA's autotuning can take minutes per shape, so the
-    order decides which shapes a time limit reaches); all of them when ``only`` is empty."""
-    by_name = {s.name: s for s in SHAPES}
-    unknown = [n for n in only or () if n not in by_name]
-    if unknown:
-        raise SystemExit(f"unknown shapes {unknown}; known: {list(by_name)}")
-    return [by_name[n] for n in only] if only else list(SHAPES)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks fla_reference", description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=None,
@@ -120,12 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     cases = (
         []
         if args.attention_only
-        else [(s.name, lambda s=s: recurrent_case(s)) for s in shapes_in_order(args.only)]
+        else [(s.name, lambda s=s: recurrent_case(s)) for s in by_name(args.only)]
     )
     if not args.no_attention:
-        cases += [
-            (f"sdpa {name}", lambda shape=shape: attention_case(*shape)) for name, shape in ATTENTION_SHAPES.items()
-        ]
+        cases += [(f"sdpa {p.name}", lambda p=p: attention_case(p)) for p in ATTENTION_SHAPES]
     results = {}
     for name, make in cases:
         try:

@@ -15,9 +15,8 @@ launches or options; ``--documents``: with packed documents (``segment_ids``) as
   wgmma) and the most frequent opcodes.
 
 The ``triton`` package is not the Triton inside jaxlib that compiles these kernels on the device, so the numbers
-approximate the device's. On the H200 at the 1B KDA shape, Nsight Compute measured 64 / 72 registers for
-``grad_bwd`` / ``grad_wy_bwd`` where this tool reports the same, but 196 for ``grad_bwd_levels`` where it reports
-166 (``--run`` above; ``tests/kernels/test_kernel_resources.py`` pins both).
+approximate the device's (benchmarks/NOTES.md, "Offline compiles against the device"; ``--run`` above measures the
+device's; ``tests/kernels/test_kernel_resources.py`` pins both).
 Needs ``triton`` (installed with the ``export`` extra's torch on Linux).
 """
 
@@ -25,38 +24,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import dataclasses
 import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.shapes import ATTENTION_SHAPES, SHAPES, Shape
-from hybrid_jax.kernels.flash_attention import flash_attention
-from hybrid_jax.kernels.recurrent import chunk_recurrence
-from hybrid_jax.kernels.tuning import attention_config, current_arch, override, recurrent_config
+from benchmarks.shapes import ATTENTION_SHAPES, SHAPES
+from hybrid_jax.kernels.tooling.lowering import TARGETS, Kernel, kernel_case, lowered_kernels
+from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.kernels.tuning import current_arch, recurrent_config
 
-# arch -> (device kind, JAX platform, Triton target backend, target arch, threads per warp)
-TARGETS = {
-    "sm90": ("NVIDIA H200", "cuda", "cuda", 90, 32),
-    "gfx942": ("gfx942", "rocm", "hip", "gfx942", 64),
-    "gfx950": ("gfx950", "rocm", "hip", "gfx950", 64),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    """One Pallas launch as lowered for a target: its Triton IR (text) and launch parameters."""
-
-    name: str
-    ir: str
-    num_warps: int
-    num_stages: int
+# arch -> (Triton target backend, target arch, threads per warp); the device each arch lowers for: lowering.TARGETS
+COMPILE_TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,52 +54,12 @@ class Resources:
     opcodes: collections.Counter
 
 
-@contextlib.contextmanager
-def _captured_triton_ir() -> Iterator[list[str]]:
-    """The Triton IR text of every Pallas kernel lowered inside the block. Pallas keeps the module only as bytecode
-    in the custom call, which another Triton version cannot read, so the lowering function is wrapped."""
-    from jax._src.pallas.triton import lowering, pallas_call_registration
-
-    texts: list[str] = []
-    lower = lowering.lower_jaxpr_to_triton_module
-
-    def capture(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        texts.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
-    try:
-        yield texts
-    finally:
-        pallas_call_registration.lowering.lower_jaxpr_to_triton_module = lower
-
-
-def lowered_kernels(fn: Callable, args: tuple, arch: str) -> list[Kernel]:
-    """The Pallas launches of ``fn(*args)`` lowered for ``arch``, in order, each kernel once (by name: two different
-    kernels under one name are an error, since a report by name could not tell them apart)."""
-    kind, platform = TARGETS[arch][:2]
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(kind, 1, platform))
-    with _captured_triton_ir() as texts, jax.sharding.use_abstract_mesh(mesh):
-        text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
-    # name -> (num_warps, num_stages): the Triton custom calls' backend configs list their keys in this order
-    launches = {name: (int(warps), int(stages)) for name, stages, warps in re.findall(
-        r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+) : i32', text)}
-    kernels: dict[str, Kernel] = {}
-    for ir in dict.fromkeys(texts):
-        name = re.search(r"tt\.func (?:public )?@(\w+)", ir).group(1)
-        if name in kernels:
-            raise ValueError(f"two different Pallas kernels are named {name!r}: give each launch its own name")
-        kernels[name] = Kernel(name, ir, *launches[name])
-    return list(kernels.values())
-
-
 def compile_kernel(kernel: Kernel, arch: str) -> Resources:
     """Compile ``kernel`` with the ``triton`` package for ``arch`` (no GPU needed)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    backend, target_arch, warp_size = TARGETS[arch][2:]
+    backend, target_arch, warp_size = COMPILE_TARGETS[arch]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{kernel.name}.ttir")
         with open(path, "w") as f:
@@ -139,38 +83,12 @@ def compile_kernel(kernel: Kernel, arch: str) -> Resources:
     return Resources(registers, opcodes["STL"] + opcodes["LDL"], shared, opcodes)
 
 
-def _sds(*shape, dtype=jnp.bfloat16) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def recurrence_case(s: Shape, arch: str, variant: str = "", T: int = 512, documents: bool = False
+def recurrence_case(s: Problem, arch: str, variant: str = "", T: int = 512, documents: bool = False
                     ) -> tuple[Callable, tuple]:
-    """Forward + backward of ``chunk_recurrence`` at shape ``s`` (one sequence of ``T`` tokens: the launches'
+    """Forward + backward of the recurrent kernels at problem ``s`` as one sequence of ``T`` tokens (the launches'
     resources do not depend on B or T) with ``arch``'s table entry, changed by ``variant`` if given;
     ``documents``: with ``segment_ids`` (an int32 argument)."""
-    config = recurrent_config(arch, per_key=s.per_key)
-    config = override(config, variant) if variant else config
-    g_shape = (1, T, s.HV, s.K) if s.per_key else (1, T, s.HV)
-    args = (_sds(1, T, s.H, s.K), _sds(1, T, s.H, s.K), _sds(1, T, s.HV, s.V), _sds(*g_shape, dtype=jnp.float32),
-            _sds(1, T, s.HV)) + ((_sds(1, T, dtype=jnp.int32),) if documents else ())
-
-    def loss(q, k, v, g, beta, segment_ids=None):
-        o, _ = chunk_recurrence(q, k, v, g, beta if s.delta else None, use_qk_l2norm=True, config=config,
-                                segment_ids=segment_ids)
-        return o.astype(jnp.float32).sum()
-
-    return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)), args  # the value too: grad alone drops the output pass
-
-
-def attention_case(dims: tuple[int, int, int, int, int], arch: str) -> tuple[Callable, tuple]:
-    """Forward + backward of ``flash_attention`` at ``(B, T, H, Dqk, Dv)`` (one sequence) with ``arch``'s tiles."""
-    _, T, H, dqk, dv = dims
-    config = attention_config(arch, max(dqk, dv))
-
-    def loss(q, k, v):
-        return flash_attention(q, k, v, config=config).astype(jnp.float32).sum()
-
-    return jax.value_and_grad(loss, argnums=(0, 1, 2)), (_sds(1, T, H, dqk), _sds(1, T, H, dqk), _sds(1, T, H, dv))
+    return kernel_case(dataclasses.replace(s, B=1, T=T), arch, variant, segments=documents)
 
 
 def report(label: str, fn: Callable, args: tuple, arch: str) -> None:
@@ -229,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
                         label = f"{s.name} {variant}{' documents' if docs else ''}".strip()
                         report(label, *recurrence_case(s, arch, variant, documents=docs), arch)
         if args.attention:
-            for dims in ATTENTION_SHAPES.values():
-                report(f"attention H{dims[2]} {dims[3]}/{dims[4]}", *attention_case(dims, arch), arch)
+            for p in ATTENTION_SHAPES:
+                report(f"attention H{p.H} {p.K}/{p.V}", *kernel_case(dataclasses.replace(p, B=1), arch), arch)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 
     python -m benchmarks kernels [--only NAME ...] [--repeats 20] [--xla-timing] [--variant F=V,...] [--trace DIR]
 
-bf16 inputs like FLA's anchor (``k`` L2-normalised, ``g = logsigmoid(randn) / 16`` (per key channel for KDA),
-``beta = sigmoid(rand)``),
-forward and forward+backward (gradients of every input), median of ``--repeats`` timed samples after warm-up (a
-sample: as many back-to-back calls as take about 20 ms, ``benchmarks/timing.py``).
-Each result is checked against the chunked XLA form in float32 on the same inputs (relative RMS error:
-forward <= 5e-3, gradients <= 2e-2). Prints a table and writes the record ``kernels`` (``benchmarks/record.py``).
+bf16 inputs of FLA's benchmark law, as the reference draws them (``kernels/tooling/inputs.py``, ``law="fla"``: ``k``
+L2-normalised, ``g = logsigmoid(randn) / 16`` (per key channel for KDA), ``beta = sigmoid(rand)``), forward and
+forward+backward (gradients of every input), median of ``--repeats`` timed samples after warm-up (a sample: as many
+back-to-back calls as take about 20 ms, ``kernels/tooling/timing.py``). Each result is checked against the chunked
+XLA form in float32 on the same inputs (relative RMS, ``kernels/tooling/errors.py``'s ``TOLERANCE``: forward <=
+5e-3, gradients <= 2e-2). Prints a table and writes the record ``kernels`` (``benchmarks/record.py``).
 Achieved rates use the H200's dense bf16 peak (989 TFLOP/s) and HBM bandwidth (4.8 TB/s); the FLOP and
 byte counts are those of our kernel decomposition (see ``work``). KDA rows also print their time over our GDN's
 at the same shape. The reference (FLA) is timed by ``python -m benchmarks fla_reference`` in the same command
@@ -18,42 +18,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-
-def _import_kernels_from_source() -> None:
-    """Make ``hybrid_jax.kernels`` importable from a source checkout that is not installed (pyproject maps
-    the top-level ``kernels/`` folder to it)."""
-    import importlib.util
-    import sys
-
-    try:
-        import hybrid_jax.kernels  # noqa: F401
-    except ModuleNotFoundError:
-        root = Path(__file__).resolve().parents[1]
-        sys.path.insert(0, str(root))
-        spec = importlib.util.spec_from_file_location(
-            "hybrid_jax.kernels", root / "kernels" / "__init__.py", submodule_search_locations=[str(root / "kernels")]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["hybrid_jax.kernels"] = module
-        spec.loader.exec_module(module)
-
-
-_import_kernels_from_source()
-
-from benchmarks import record  # noqa: E402
-from benchmarks.shapes import SHAPES, Shape  # noqa: E402
-from benchmarks.timing import median_ms  # noqa: E402
-from hybrid_jax.kernels import recurrent, reference  # noqa: E402
-from hybrid_jax.kernels.recurrent import chunk_recurrence  # noqa: E402
-from hybrid_jax.kernels.recurrent.search import LEVELS_STAGES, STAGES, stage_inputs  # noqa: E402
-from hybrid_jax.kernels.tuning import current_arch, override, recurrent_config  # noqa: E402
+from benchmarks import record
+from benchmarks.shapes import SHAPES
+from hybrid_jax.kernels.tooling.calls import call, fwd_bwd, reference_run
+from hybrid_jax.kernels.tooling.errors import TOLERANCE, errors, over
+from hybrid_jax.kernels.tooling.inputs import cotangents, inputs
+from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.kernels.tooling.stages import stage_args, stage_ms, stage_times
+from hybrid_jax.kernels.tooling.timing import median_ms
+from hybrid_jax.kernels.tuning import RecurrentConfig, current_arch, override, recurrent_config
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
 PEAK_BYTES = 4.8e12  # H200 HBM3e
@@ -63,83 +41,20 @@ PEAK_BYTES = 4.8e12  # H200 HBM3e
 GDN_OF = {"kda_anchor": "gdn_anchor"}
 
 
-def inputs(s: Shape, seed: int = 0) -> dict[str, jax.Array]:
-    ks = jax.random.split(jax.random.PRNGKey(seed), 6)
-    bf = jnp.bfloat16
-    x = dict(
-        q=jax.random.normal(ks[0], (s.B, s.T, s.H, s.K), bf),
-        k=reference.l2_normalize(jax.random.normal(ks[1], (s.B, s.T, s.H, s.K))).astype(bf),
-        v=jax.random.normal(ks[2], (s.B, s.T, s.HV, s.V), bf),
-        g=jax.nn.log_sigmoid(jax.random.normal(ks[3], (s.B, s.T, s.HV) + ((s.K,) if s.per_key else ()))) / 16,
-    )
-    if s.delta:
-        x["beta"] = jax.nn.sigmoid(jax.random.uniform(ks[4], (s.B, s.T, s.HV))).astype(bf)
-    return x
+def make_fns(s: Problem, impl: str, config: RecurrentConfig | None = None):
+    """(forward ``x -> o``, forward+backward ``(x, (do, None)) -> ((o, None), grads)``), jitted; ``impl`` a Pallas
+    one under ``config`` (at its chunk), or ``xla`` (chunk 64)."""
+    return jax.jit(lambda x: call(s, x, impl, config=config)[0]), jax.jit(fwd_bwd(s, impl, config=config))
 
 
-def make_fns(s: Shape, impl: str, config=None, interpret: bool = False):
-    """(forward, forward+backward) jitted functions of the input dict; Pallas at ``config.chunk``, XLA at 64."""
-
-    def fwd(x):
-        beta = x.get("beta")
-        if impl == "pallas":
-            o, _ = chunk_recurrence(
-                x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta, config=config, interpret=interpret
-            )
-        else:
-            o, _ = reference.chunked_recurrence(x["q"], x["k"], x["v"], x["g"], beta, use_qk_l2norm=s.delta)
-        return o
-
-    def fwd_bwd(x, do):
-        o, vjp = jax.vjp(fwd, x)
-        return o, vjp(do.astype(o.dtype))[0]
-
-    return jax.jit(fwd), jax.jit(fwd_bwd)
+def timing_inputs(s: Problem, config: RecurrentConfig, interpret: bool = False, every: int | None = None):
+    """The benchmark's inputs at ``s`` (FLA's law, no initial state), the output's cotangent, and every stage's
+    arguments under ``config`` (``every``: packed documents of that many tokens)."""
+    x, do = inputs(s, law="fla", initial_state=False), cotangents(s)[0]
+    return x, do, stage_args(s, config, x, do, interpret=interpret, every=every)
 
 
-def stage_args(s: Shape, config, interpret: bool = False, every: int | None = None) -> dict[str, tuple]:
-    """Arguments of each kernel stage (``search.STAGES[name](static, *args)``) at shape ``s`` from :func:`inputs`, at
-    ``config.chunk`` (``search.stage_inputs``); ``every``: packed documents of that many tokens."""
-    x = inputs(s)
-    rel = None
-    if every is not None:
-        segment_ids = jnp.broadcast_to(jnp.arange(s.T, dtype=jnp.int32) // every, (s.B, s.T))
-        rel = reference.chunk_segments(segment_ids, config.chunk)
-    static = recurrent.Static(s.K**-0.5, config.chunk, config, interpret)
-    q = reference.l2_normalize(x["q"]).astype(x["q"].dtype)
-    h0 = jnp.zeros((s.B, s.HV, s.K, s.V), jnp.float32)
-    do = jax.random.normal(jax.random.PRNGKey(1), x["v"].shape, x["v"].dtype)
-    return stage_inputs(static, q, x["k"], x["v"], x["g"], x.get("beta"), h0, do, rel)
-
-
-def stage_ms(name: str, args: tuple, config, repeats: int, interpret: bool = False, **kw) -> float:
-    """Median time of one kernel stage under ``config`` (arguments from :func:`stage_args` at its chunk; ``kw``: for
-    the stage function, e.g. ``redo_far=False``)."""
-    static = recurrent.Static(1.0, config.chunk, config, interpret)
-    return median_ms(jax.jit(functools.partial(STAGES[name], static, **kw)), *args, repeats=repeats)
-
-
-def stage_times(s: Shape, config, repeats: int, interpret: bool = False, every: int | None = None
-                ) -> dict[str, float]:
-    """Median ms of every kernel stage of shape ``s`` under ``config`` (each stage timed alone). With a per-key gate
-    and one-reference diagonal blocks, also ``NAME_first``: the stages of ``LEVELS_STAGES`` without their second
-    (levels) launch, which is what that launch costs when, as here, no chunk needs it. ``every``: see
-    :func:`stage_args`."""
-    args = stage_args(s, config, interpret=interpret, every=every)
-    times = {n: stage_ms(n, a, config, repeats, interpret=interpret) for n, a in args.items()}
-    if s.per_key and config.one_reference_span > 0:
-        for n in LEVELS_STAGES:
-            if n in args:
-                times[f"{n}_first"] = stage_ms(n, args[n], config, repeats, interpret=interpret, redo_far=False)
-    return times
-
-
-def rel_rms(x, ref) -> float:
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
-
-
-def work(s: Shape, C: int = 64, block_v: int = 64, block_v_bwd: int | None = None) -> dict[str, float]:
+def work(s: Problem, C: int = 64, block_v: int = 64, block_v_bwd: int | None = None) -> dict[str, float]:
     """Matmul FLOPs and HBM bytes of our kernels, kernel by kernel (bf16 tensors 2 bytes, float32 4); ``block_v``:
     the forward state pass's V tile, ``block_v_bwd`` the reverse one's (default the same).
 
@@ -169,28 +84,31 @@ def work(s: Shape, C: int = 64, block_v: int = 64, block_v_bwd: int | None = Non
     )
 
 
-def time_and_check(fwd, fwd_bwd, x: dict, do: jax.Array, o_ref, g_ref: dict, repeats: int) -> dict:
-    """fwd and fwd+bwd ms of one form of the kernels, and its errors against the reference: the output's
-    (``err_o``), each gradient's (``err_dNAME``), their largest (``max_err``), and ``ok`` (output <= 5e-3,
-    gradients <= 2e-2)."""
-    o, grads = fwd_bwd(x, do)
-    res = dict(fwd_ms=median_ms(fwd, x, repeats=repeats), fwdbwd_ms=median_ms(fwd_bwd, x, do, repeats=repeats),
-               err_o=rel_rms(o, o_ref), **{f"err_d{n}": rel_rms(grads[n], g_ref[n]) for n in x})
-    res["max_err"] = max(v for n, v in res.items() if n.startswith("err_"))
-    res["ok"] = res["err_o"] <= 5e-3 and all(res[f"err_d{n}"] <= 2e-2 for n in x)
+def time_and_check(fns, x: dict, do: jax.Array, ref, repeats: int) -> dict:
+    """fwd and fwd+bwd ms of one form of the kernels (``fns``: :func:`make_fns`), and its errors against the
+    reference ``ref`` (``calls.reference_run``): the output's (``err_o``), each gradient's (``err_dNAME``), their
+    largest (``max_err``), and ``ok`` (within ``errors.TOLERANCE``)."""
+    fwd, fb = fns
+    out, grads = fb(x, (do, None))
+    errs = errors(out, grads, *ref)
+    res = dict(fwd_ms=median_ms(fwd, x, repeats=repeats), fwdbwd_ms=median_ms(fb, x, (do, None), repeats=repeats),
+               **{f"err_{n}": e for n, e in errs.items()})
+    res["max_err"] = max(errs.values())
+    res["ok"] = not over(errs, TOLERANCE[str(x["v"].dtype)])
     return res
 
 
-def trace_fwd_bwd(fwd_bwd, x: dict, do: jax.Array, directory: Path, calls: int = 3) -> dict:
-    """Where the device time of ``calls`` forward+backward calls goes: a ``jax.profiler`` trace in ``directory``
-    with the HLO text beside it, summarized per kernel / XLA op (``benchmarks/trace_summary.py``) and printed."""
+def trace_fwd_bwd(fwd_bwd, x, ct, directory: Path, calls: int = 3) -> dict:
+    """Where the device time of ``calls`` calls of ``fwd_bwd(x, ct)`` (jitted) goes: a ``jax.profiler`` trace in
+    ``directory`` with the HLO text beside it, summarized per kernel / XLA op (``benchmarks/trace_summary.py``) and
+    printed."""
     from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
 
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / HLO_FILE).write_text(fwd_bwd.lower(x, do).compile().as_text())
+    (directory / HLO_FILE).write_text(fwd_bwd.lower(x, ct).compile().as_text())
     with jax.profiler.trace(str(directory), create_perfetto_trace=True):
         for _ in range(calls):
-            out = fwd_bwd(x, do)
+            out = fwd_bwd(x, ct)
         jax.block_until_ready(out)
     summary = summarize(directory, hlo=directory / HLO_FILE)
     print(format_summary(summary), flush=True)
@@ -204,48 +122,46 @@ def variant_line(shape: str, variant: str, v: dict) -> str:
         f"{v['max_err']:.1e}; " + "  ".join(f"{n} {ms:.3f}" for n, ms in v["stages_ms"].items())))
 
 
-def run(s: Shape, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
+def run(s: Problem, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
         variants: tuple[str, ...] = (), trace: str = "") -> dict:
-    x = inputs(s)
-    do = jax.random.normal(jax.random.PRNGKey(1), (s.B, s.T, s.HV, s.V), jnp.bfloat16)
+    """Every figure of one problem: the table config's times, errors and stages, the variants', the XLA form's."""
+    impl = "pallas_interpret" if interpret else "pallas"
     cfg = recurrent_config(per_key=s.per_key)
+    x, do, args = timing_inputs(s, cfg, interpret)
     # correctness: our bf16 kernels vs the XLA form in float32 on the same inputs
-    xf = {n: a.astype(jnp.float32) for n, a in x.items()}
-    _, ref_fwd_bwd = make_fns(s, "xla")
-    with jax.default_matmul_precision("highest"):  # the default lets float32 dots use TF32 on NVIDIA GPUs
-        o_ref, g_ref = ref_fwd_bwd(xf, do.astype(jnp.float32))
-    fns = make_fns(s, "pallas", cfg, interpret)  # built once: traced below with the same compiled functions
-    res = dict(dataclasses.asdict(s), **time_and_check(*fns, x, do, o_ref, g_ref, repeats))
+    ref = reference_run(s, "xla", x, (do, None))
+    fns = make_fns(s, impl, cfg)  # built once: traced below with the same compiled functions
+    res = dict(dataclasses.asdict(s), delta=s.delta, per_key=s.per_key, **time_and_check(fns, x, do, ref, repeats))
     if other_grad and s.delta:  # the other gradient-pass variant (fused <-> split in two launches), same checks
         split = cfg.splits_grad(s.K, s.V)
         other = dataclasses.replace(cfg, split_grad_from=None if split else 0)
         res["other_grad"] = dict(
             split=not split,
-            grad_ms=stage_ms("grad", stage_args(s, other, interpret=interpret)["grad"], other, repeats,
-                             interpret=interpret),
-            **time_and_check(*make_fns(s, "pallas", other, interpret), x, do, o_ref, g_ref, repeats),
+            grad_ms=stage_ms("grad", timing_inputs(s, other, interpret)[2]["grad"], other, repeats, interpret),
+            **time_and_check(make_fns(s, impl, other), x, do, ref, repeats),
         )
     for variant in variants:  # the table's config with some fields changed; a failing one (e.g. shared memory
         try:  # overflow) is recorded, not fatal to the shape
             v_cfg = override(cfg, variant)
-            v_fns = make_fns(s, "pallas", v_cfg, interpret)
-            v_res = time_and_check(*v_fns, x, do, o_ref, g_ref, repeats)
-            v_res["stages_ms"] = stage_times(s, v_cfg, repeats, interpret)
+            v_fns = make_fns(s, impl, v_cfg)
+            v_res = time_and_check(v_fns, x, do, ref, repeats)
+            v_res["stages_ms"] = stage_times(s, v_cfg, timing_inputs(s, v_cfg, interpret)[2], repeats, interpret)
             if trace:
                 print(f"{s.name} {variant}: trace", flush=True)
-                v_res["trace"] = trace_fwd_bwd(v_fns[1], x, do, Path(trace) / f"{s.name}_{variant.replace(',', '_')}")
+                v_res["trace"] = trace_fwd_bwd(v_fns[1], x, (do, None),
+                                               Path(trace) / f"{s.name}_{variant.replace(',', '_')}")
         except Exception as e:  # noqa: BLE001
             v_res = {"error": f"{type(e).__name__}: {e}"[:2000]}
         res.setdefault("variants", {})[variant] = v_res
         # printed as soon as timed: a later variant that never finishes (a part's time limit) loses only itself
         print(variant_line(s.name, variant, v_res), flush=True)
-    res["stages_ms"] = stage_times(s, cfg, repeats, interpret)
+    res["stages_ms"] = stage_times(s, cfg, args, repeats, interpret)
     if trace:
-        res["trace"] = trace_fwd_bwd(fns[1], x, do, Path(trace) / s.name)
+        res["trace"] = trace_fwd_bwd(fns[1], x, (do, None), Path(trace) / s.name)
     if xla_timing:
         xla_fwd, xla_fwd_bwd = make_fns(s, "xla")
         res["xla_fwd_ms"] = median_ms(xla_fwd, x, repeats=repeats)
-        res["xla_fwdbwd_ms"] = median_ms(xla_fwd_bwd, x, do, repeats=repeats)
+        res["xla_fwdbwd_ms"] = median_ms(xla_fwd_bwd, x, (do, None), repeats=repeats)
     w = work(s, cfg.chunk, min(cfg.block_v, s.V), min(cfg.state_bwd_block_v(s.delta), s.V))
     for p in ("fwd", "fwdbwd"):
         sec = res[f"{p}_ms"] * 1e-3

@@ -80,14 +80,16 @@ def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
     import torch.nn.functional as F
 
     from benchmarks.fla_reference import lift_hopper_guard, recurrent_case
-    from benchmarks.shapes import Shape
     from hybrid_jax.export.fla import fla_kind
     from hybrid_jax.export.modeling_hybrid import chunked_recurrence
+    from hybrid_jax.kernels.registry import OPS
+    from hybrid_jax.kernels.tooling.errors import rel_rms
+    from hybrid_jax.kernels.tooling.problems import Problem
 
     kind = fla_kind(cfg.model)
     c = cfg.model[kind]
-    shape = Shape(f"{kind}_check", batch, cfg.train.seq_len, c.num_key_heads, c.num_value_heads, c.key_head_dim,
-                  c.value_head_dim, delta=True, per_key=kind == "kda")
+    shape = Problem(kind, batch, cfg.train.seq_len, c.num_key_heads, c.num_value_heads, c.key_head_dim,
+                    c.value_head_dim, name=f"{kind}_check")
     lift_hopper_guard()
     call, inputs, do = recurrent_case(shape)
     out = call(*inputs)[0]
@@ -102,13 +104,13 @@ def check_fla_kernel(cfg, *, batch: int = 2) -> dict:
                              shape.K**-0.5)
     ref_grads = torch.autograd.grad(ref, ref_inputs, do.float())
 
-    def rel_rms(x: torch.Tensor, r: torch.Tensor) -> float:
-        return float((x.detach().float() - r.detach()).pow(2).mean().sqrt() / r.detach().pow(2).mean().sqrt())
+    def err(x: torch.Tensor, r: torch.Tensor) -> float:
+        return rel_rms(x.detach().float().cpu().numpy(), r.detach().float().cpu().numpy())
 
-    errors = dict(out=rel_rms(out, ref), **{f"d{n}": rel_rms(a, b) for n, a, b in zip(
+    errors = dict(out=err(out, ref), **{f"d{n}": err(a, b) for n, a, b in zip(
         ("q", "k", "v", "g", "beta"), grads, ref_grads, strict=True)})
     ok = errors["out"] <= GUARD_TOL["out"] and all(e <= GUARD_TOL["grad"] for n, e in errors.items() if n != "out")
-    return dict(kernel="chunk_kda" if kind == "kda" else "chunk_gated_delta_rule", shape=dataclasses.asdict(shape),
+    return dict(kernel=OPS[shape.op].function, shape=dataclasses.asdict(shape),
                 errors=errors, tol=GUARD_TOL, ok=ok, triton=__import__("triton").__version__,
                 device=torch.cuda.get_device_name())
 

@@ -11,7 +11,8 @@ A record is a JSON object with the keys of :data:`KEYS`:
   ``dirty``: whether tracked files differ from that commit (``None`` when not knowable);
 - ``command``: the command line, as ``python -m benchmarks PART ...`` (rebuilt from ``sys.argv``);
 - ``gpu``: ``{"device_kind", "platform"}`` of the first device. JAX's, unless the process has imported PyTorch
-  and not JAX (the reference's side must not start JAX: it would take the GPU's memory), then PyTorch's;
+  and started no JAX backend (the reference's side must not start one: it would take the GPU's memory), then
+  PyTorch's;
 - ``date``: UTC, ISO 8601; ``versions``: jax, jaxlib, and triton, torch, flash-linear-attention where installed;
 - ``figures``: the numbers, as the part reports them (a JSON object).
 """
@@ -67,9 +68,19 @@ def command(argv: list[str] | None = None) -> str:
     return shlex.join(["python", *argv])
 
 
+def _jax_started() -> bool:
+    """Whether this process has started a JAX backend (importing JAX starts none: the reference's side imports the
+    benchmark problems, whose module imports JAX)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
 def device() -> dict[str, str]:
     """``device_kind`` and ``platform`` of the first device (see the module docstring for which framework)."""
-    if "torch" in sys.modules and "jax" not in sys.modules:
+    if "torch" in sys.modules and not _jax_started():
         import torch
 
         if torch.cuda.is_available():

@@ -48,8 +48,8 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from benchmarks import record
-from benchmarks.timing import back_to_back_ms
 from hybrid_jax.config import load_config_file
+from hybrid_jax.kernels.tooling.timing import back_to_back_ms
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.layers import MLP, RMSNorm
 from hybrid_jax.model.mamba2 import Mamba2

@@ -35,9 +35,9 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from benchmarks import record
-from benchmarks.timing import median_ms
 from hybrid_jax.config import load_config_file
 from hybrid_jax.flops import flops_per_token, mixer_flops_per_token, peak_flops
+from hybrid_jax.kernels.tooling.timing import median_ms
 from hybrid_jax.model import Sublayer, layer_plan, sublayer_kinds
 from hybrid_jax.model.stack import make_embedding, make_final_norm
 from hybrid_jax.train.step.loss import cross_entropy

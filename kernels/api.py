@@ -6,21 +6,9 @@ from typing import Literal
 
 import jax
 
-from hybrid_jax.kernels import reference
-from hybrid_jax.kernels.recurrent import chunk_recurrence
+from hybrid_jax.kernels.registry import OPS, implementation
 
 Impl = Literal["auto", "xla", "pallas", "pallas_interpret", "naive"]
-_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
-
-
-def _resolve(impl: str, op: str, available: tuple[str, ...]) -> str:
-    if impl not in _IMPLS:
-        raise ValueError(f"{op}: impl must be one of {_IMPLS}, got {impl!r}")
-    if impl == "auto":
-        impl = "pallas" if jax.default_backend() == "gpu" and "pallas" in available else "xla"
-    if impl not in available:
-        raise NotImplementedError(f"{op}: impl={impl!r} is not available (have {available})")
-    return impl
 
 
 def _check_shapes(op: str, q, k, v, g, beta, per_key_gate: bool) -> None:
@@ -44,25 +32,13 @@ def _check_segments(op: str, segment_ids, shape: tuple[int, ...]) -> None:
                          f"{segment_ids.dtype}{list(segment_ids.shape)}")
 
 
-def _recurrence(op, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm,
+def _recurrence(op: str, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm,
                 chunk_size, impl, segment_ids):
-    impl = _resolve(impl, op, ("xla", "naive", "pallas", "pallas_interpret"))
-    _check_segments(op, segment_ids, q.shape)
-    if impl in ("pallas", "pallas_interpret"):
-        o, final = chunk_recurrence(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
-            chunk_size=chunk_size, interpret=impl == "pallas_interpret", segment_ids=segment_ids,
-        )
-    elif impl == "naive":
-        o, final = reference.naive_recurrence(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
-            segment_ids=segment_ids,
-        )
-    else:
-        o, final = reference.chunked_recurrence(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
-            chunk_size=64 if chunk_size is None else chunk_size, segment_ids=segment_ids,
-        )
+    """``registry.OPS[op]``'s implementation for ``impl`` on these arrays -> ``(o, final state or None)``."""
+    fn = implementation(op, impl)
+    _check_segments(OPS[op].function, segment_ids, q.shape)
+    o, final = fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
+                  chunk_size=chunk_size, segment_ids=segment_ids)
     return o, (final if output_final_state else None)
 
 
@@ -84,7 +60,7 @@ def chunk_gated_delta_rule(
     segment-aware chunk form, not a gate: ``reference.chunked_recurrence``).
     """
     _check_shapes("chunk_gated_delta_rule", q, k, v, g, beta, per_key_gate=False)
-    return _recurrence("chunk_gated_delta_rule", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+    return _recurrence("gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
                        chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
 
@@ -98,7 +74,7 @@ def chunk_kda(
     """Kimi Delta Attention: as :func:`chunk_gated_delta_rule` (``segment_ids`` too) with a decay per key channel,
     ``g: [B,T,HV,K]``."""
     _check_shapes("chunk_kda", q, k, v, g, beta, per_key_gate=True)
-    return _recurrence("chunk_kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+    return _recurrence("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
                        chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
 
@@ -114,7 +90,7 @@ def chunk_simple_gla(
     g=dt*A, scale=1. ``segment_ids``: as in :func:`chunk_gated_delta_rule`.
     """
     _check_shapes("chunk_simple_gla", q, k, v, g, None, per_key_gate=False)
-    return _recurrence("chunk_simple_gla", q, k, v, g, None, scale=scale, initial_state=initial_state,
+    return _recurrence("gla", q, k, v, g, None, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm=False,
                        chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
 
@@ -131,7 +107,6 @@ def attention(
     flash kernel then skips the key blocks wholly before the document.
     """
     from hybrid_jax.kernels.cudnn_attention import auto_impl, cudnn_attention
-    from hybrid_jax.kernels.flash_attention import flash_attention
 
     _check_segments("attention", segment_ids, q.shape)
     if impl == "auto" and (impl := auto_impl(q, v, segment_ids)) == "cudnn":
@@ -139,8 +114,4 @@ def attention(
             return cudnn_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
         except NotImplementedError:
             impl = "pallas"
-    impl = _resolve(impl, "attention", ("xla", "naive", "pallas", "pallas_interpret"))
-    if impl in ("pallas", "pallas_interpret"):
-        return flash_attention(q, k, v, causal=causal, scale=scale, interpret=impl == "pallas_interpret",
-                               segment_ids=segment_ids)
-    return reference.naive_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
+    return implementation("attention", impl)(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)

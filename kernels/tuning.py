@@ -2,8 +2,8 @@
 
 Architectures: ``sm90`` (H100/H200, 227 KiB shared memory per block), ``gfx942`` (MI300X, 64 KiB LDS,
 wave64), ``gfx950`` (MI355X, 160 KiB LDS, wave64) and ``fallback`` (conservative, any GPU).
-``benchmarks/autotune.py`` sweeps the search space of ``kernels/registry.py`` on a GPU and prints an entry for
-these tables.
+``python -m benchmarks autotune`` sweeps the search space of ``kernels/registry.py`` on a GPU and prints an entry for
+these tables (``kernels/tooling/sweep.py``).
 """
 
 from __future__ import annotations
@@ -218,9 +218,11 @@ def current_arch() -> str:
 
 
 def recurrent_op(per_key: bool, delta: bool) -> str:
-    """The op name (tuning files, ``kernels.registry.OPS``) of a chunked recurrence: ``kda`` with a per-key gate,
-    ``gdn`` with the delta rule, else ``gla`` (simple gated linear attention: Mamba2's SSD)."""
-    return "kda" if per_key else "gdn" if delta else "gla"
+    """The op name (tuning files' key) of a chunked recurrence with this gate kind: ``kernels.registry``'s map, which
+    imports this module (hence imported here, when first called)."""
+    from hybrid_jax.kernels import registry
+
+    return registry.recurrent_op(per_key, delta)
 
 
 def recurrent_config(arch: str | None = None, per_key: bool = False, op: str | None = None,

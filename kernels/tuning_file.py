@@ -29,10 +29,10 @@ from typing import Any
 
 import jax
 
-from hybrid_jax.kernels import tuning
+from hybrid_jax.kernels import registry, tuning
 
 FORMAT = "hybrid_jax.tuning/1"
-OPS = ("gdn", "kda", "gla")
+OPS = tuple(name for name, op in registry.OPS.items() if op.recurrent)  # the ops a recurrent entry may name
 
 
 class TuningFileError(ValueError):

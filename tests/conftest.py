@@ -42,11 +42,10 @@ def load_config(name: str):
 
 
 def rel_err(a, b) -> float:
-    """Relative RMS error ``||a - b|| / ||b||`` in float64 (the metric FLA's tests use)."""
-    import numpy as np
+    """Relative RMS error ``||a - b|| / ||b||`` (``kernels/tooling/errors.py::rel_rms``, imported when first used)."""
+    from hybrid_jax.kernels.tooling.errors import rel_rms
 
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return rel_rms(a, b)
 
 
 def jaxpr_equations(jaxpr):

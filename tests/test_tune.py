@@ -4,15 +4,14 @@ not compile, and the one-line errors on bad input."""
 import json
 import time
 
-import jax.numpy as jnp
 import pytest
 
 from hybrid_jax.kernels import tuning_file
 from hybrid_jax.kernels.recurrent.search import STAGES, Axis
+from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.kernels.tooling.sweep import Search, sweep
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
-from hybrid_jax.model.kernel_calls import Case
 from hybrid_jax.tune.cli import main
-from hybrid_jax.tune.sweep import Kernel, sweep
 from tests.conftest import REPO
 
 DEMO = str(REPO / "configs" / "demo.py")
@@ -33,7 +32,8 @@ def test_tune_demo_writes_a_tuning_file_with_every_op_it_uses(tmp_path, capsys):
 
 
 def test_a_candidate_that_fails_to_compile_is_skipped_with_a_note(monkeypatch):
-    kernel = Kernel([Case("gla", 1, 64, 1, 2, 16, 16)], RecurrentConfig(chunk=16), jnp.float32, True, 2)
+    search = Search([Problem("gla", 1, 64, 1, 2, 16, 16, "float32")], RecurrentConfig(chunk=16), interpret=True,
+                    repeats=2)
     state_fwd = STAGES["state"]
 
     def state_or_overflow(static, *args):
@@ -44,7 +44,7 @@ def test_a_candidate_that_fails_to_compile_is_skipped_with_a_note(monkeypatch):
     monkeypatch.setitem(STAGES, "state", state_or_overflow)
     notes = []
     axis = Axis("state", (Launch(4, 1), Launch(2, 1), Launch(8, 2)), ("state",))
-    best = sweep(kernel, time.perf_counter() + 120, notes.append, axes=[axis])
+    best = sweep(search, time.perf_counter() + 120, notes.append, axes=[axis])
     assert best.state != Launch(2, 1)
     skipped = [n for n in notes if "skipped" in n]
     assert len(skipped) == 1 and skipped[0].startswith(

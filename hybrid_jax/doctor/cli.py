@@ -1,4 +1,4 @@
-"""The command: what this machine runs on, every kernel case checked under a line of progress each, one training
+"""The command: what this machine runs on, every kernel problem checked under a line of progress each, one training
 step per given config, a table on the console and the same as JSON; the exit status says whether all is well."""
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.doctor.cases import FUNCTIONS
-from hybrid_jax.doctor.checks import TOLERANCE, check
+from hybrid_jax.doctor.checks import check
 from hybrid_jax.kernels import tuning, tuning_file
-from hybrid_jax.model.kernel_calls import Case, cases_of
+from hybrid_jax.kernels.registry import OPS
+from hybrid_jax.kernels.tooling.errors import AT_MODEL_SHAPES
+from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.model.kernel_calls import problems_of, published_configs
 
 PROG = "python -m hybrid_jax.doctor"
 FALLBACK = "if a kernel fails, train with the XLA forms: --config.model.kernel_impl=xla (slower, same math)"
@@ -58,7 +60,7 @@ def _parse(argv):
                     "configs/zebra_*.py (kernels only)")
     ap.add_argument("--json", help="also write the report as JSON here")
     ap.add_argument("--tuning", help="auto | builtin | a tuning file (default: the config's model.tuning)")
-    ap.add_argument("--kernels", help=f"only these kernels (comma-separated: {', '.join(FUNCTIONS)})")
+    ap.add_argument("--kernels", help=f"only these kernels (comma-separated: {', '.join(OPS)})")
     ap.add_argument("--speed", action="store_true", help="time the kernels and the step on CPU too")
     ap.add_argument("--no-speed", action="store_true", help="skip the kernel timings")
     ap.add_argument("--no-train-step", action="store_true", help="skip the training step")
@@ -69,50 +71,46 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
-def _published() -> list[Path]:
-    for root in (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"):
-        if found := sorted(root.glob("zebra_*.py")):
-            return found
-    raise DoctorError("no configs/zebra_*.py here: pass --config configs/X.py")
-
-
 def plan(args):
-    """Check the arguments -> (configs by name, cases with the config names that have them, interpret mode)."""
+    """Check the arguments -> (configs by name, the kernel problems with the config names that have them,
+    interpret mode)."""
     from hybrid_jax.config import load_config_file
 
     for flag in ("batch", "seq_len", "repeats"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise DoctorError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    only = set(args.kernels.split(",")) if args.kernels else set(FUNCTIONS)
-    if only - set(FUNCTIONS):
-        raise DoctorError(f"--kernels: unknown {sorted(only - set(FUNCTIONS))} (known: {', '.join(FUNCTIONS)})")
-    paths = [Path(c) for c in args.config] if args.config else _published()
+    only = set(args.kernels.split(",")) if args.kernels else set(OPS)
+    if only - set(OPS):
+        raise DoctorError(f"--kernels: unknown {sorted(only - set(OPS))} (known: {', '.join(OPS)})")
+    paths = [Path(c) for c in args.config] if args.config else published_configs()
+    if not paths:
+        raise DoctorError("no configs/zebra_*.py here: pass --config configs/X.py")
     interpret = args.interpret or jax.default_backend() == "cpu"
-    configs, cases = {}, {}
+    configs, problems = {}, {}
     for path in paths:
         if not path.is_file():
             raise DoctorError(f"--config {path}: no such file")
         try:
             cfg = load_config_file(path)
-            found = cases_of(cfg, batch=args.batch or (1 if interpret else 2),
-                             seq_len=args.seq_len or (37 if interpret else 2048), max_heads=2 if interpret else None)
+            found = problems_of(cfg, batch=args.batch or (1 if interpret else 2),
+                                seq_len=args.seq_len or (37 if interpret else 2048), max_heads=2 if interpret else None)
         except Exception as e:  # noqa: BLE001 - said in one line
             raise DoctorError(f"--config {path}: cannot be loaded ({type(e).__name__}: {e})") from None
         configs[path.stem] = cfg
-        for case in (c for c in found if c.op in only):
-            cases.setdefault(case, []).append(path.stem)
-    return configs, cases, interpret
+        for p in (c for c in found if c.op in only):
+            problems.setdefault(p, []).append(path.stem)
+    return configs, problems, interpret
 
 
-def _impls(case: Case, interpret: bool) -> list[str]:
+def _impls(p: Problem, interpret: bool) -> list[str]:
     """``pallas`` (``pallas_interpret``), plus ``auto`` for attention where ``auto`` picks another kernel (cuDNN)."""
     if interpret:
         return ["pallas_interpret"]
-    if case.op == "attention":
+    if p.op == "attention":
         from hybrid_jax.kernels.cudnn_attention import auto_impl
 
-        q = jnp.zeros((1, 1, case.H, case.K), case.dtype)
-        if auto_impl(q, jnp.zeros((1, 1, case.H, case.V), case.dtype)) != "pallas":
+        q = jnp.zeros((1, 1, p.H, p.K), p.dtype)
+        if auto_impl(q, jnp.zeros((1, 1, p.H, p.V), p.dtype)) != "pallas":
             return ["pallas", "auto"]
     return ["pallas"]
 
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     console, t0 = Console(), time.perf_counter()
     try:
-        configs, cases, interpret = plan(args)
+        configs, problems, interpret = plan(args)
         source = args.tuning or (next(iter(configs.values())).model.tuning if len(configs) == 1 else "auto")
         env = environment(source)
     except (DoctorError, tuning_file.TuningFileError) as e:
@@ -168,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'; Pallas interpret mode at tiny shapes' if interpret else ''}", markup=False, highlight=False,
                   soft_wrap=True)
     results = []
-    for case, names in cases.items():
-        for impl in _impls(case, interpret):
+    for p, names in problems.items():
+        for impl in _impls(p, interpret):
             start = time.perf_counter()
-            with console.status(f"{case.name} ({impl}) at {case.shape}"):
-                r = dict(check(case, impl, speed=speed, repeats=args.repeats), configs=names)
+            with console.status(f"{p.name} ({impl}) at {p.shape}"):
+                r = dict(check(p, impl, speed=speed, repeats=args.repeats), configs=names)
             r["seconds"] = round(time.perf_counter() - start, 2)
             results.append(r)
             console.print(f"  {r['kernel']} ({impl}): {'ok' if r['ok'] else 'FAIL'} ({r['seconds']:.1f} s)",
@@ -191,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     _report(console, env, results, steps)
     failures = [f"{r['kernel']} ({r['impl']}, {', '.join(r['configs'])}): {f}" for r in results for f in r["failures"]]
     failures += [f"training step of {s['config']}: {s['error']}" for s in steps if not s["ok"]]
-    report = dict(ok=not failures, environment=env, tolerance=TOLERANCE, kernels=results, train_steps=steps,
-                  failures=failures, cases=[dict(dataclasses.asdict(c), configs=n) for c, n in cases.items()],
+    tolerance = {dtype: dataclasses.asdict(t) for dtype, t in AT_MODEL_SHAPES.items()}
+    report = dict(ok=not failures, environment=env, tolerance=tolerance, kernels=results, train_steps=steps,
+                  failures=failures, problems=[dict(dataclasses.asdict(c), configs=n) for c, n in problems.items()],
                   seconds=round(time.perf_counter() - t0, 1))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -1,64 +1,22 @@
-"""The kernel calls a run config's model makes: one per mixer kind and one for MLA's attention, at the config's
-shapes (what ``python -m hybrid_jax.doctor`` checks and ``python -m hybrid_jax.tune`` sweeps)."""
+"""The kernel calls a run config's model makes, as problems of the kernel tooling
+(:class:`hybrid_jax.kernels.tooling.problems.Problem`): one per mixer kind and one for MLA's attention, at the config's
+shapes (what ``python -m hybrid_jax.doctor`` checks and ``python -m hybrid_jax.tune`` sweeps). The kernels know
+nothing of configs: this is the one place that maps a model to them."""
 
 from __future__ import annotations
 
-import dataclasses
+from pathlib import Path
 
+from hybrid_jax.kernels.tooling.problems import Problem
 from hybrid_jax.model.plan import sublayer_kinds
 
-# sublayer kind -> the kernel op it calls
+# sublayer kind -> the kernel op it calls (an op of hybrid_jax.kernels.registry.OPS)
 KINDS = {"gdn": "gdn", "kda": "kda", "mamba2": "gla", "mla": "attention"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One kernel call: q/k ``[B,T,H,K]``, v ``[B,T,HV,V]`` (attention: ``HV == H``, K the qk head dim, V the v
-    head dim); ``chunk`` the model's chunk size (0: the tuned one); ``scale`` the model's (None: ``K**-0.5``)."""
-
-    op: str  # gdn | kda | gla | attention
-    B: int
-    T: int
-    H: int
-    HV: int
-    K: int
-    V: int
-    dtype: str = "bfloat16"
-    chunk: int = 0
-    scale: float | None = None
-
-    @property
-    def delta(self) -> bool:
-        """A delta rule (GDN, KDA) rather than plain gated linear attention."""
-        return self.op in ("gdn", "kda")
-
-    @property
-    def per_key(self) -> bool:
-        return self.op == "kda"
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        """``(op, K, V)``: a tuning file's key (with padded head dims)."""
-        return self.op, self.K, self.V
-
-    @property
-    def name(self) -> str:
-        return f"{self.op} H{self.H}/{self.HV} K{self.K} V{self.V}"
-
-    @property
-    def shape(self) -> str:
-        return f"B{self.B} T{self.T} H{self.H}/{self.HV} K{self.K} V{self.V} {self.dtype}"
-
-    def small(self, T: int = 37, heads: int = 2) -> Case:
-        """The same head dims at one ragged sequence of ``T`` tokens and at most ``heads`` q/k heads (grouping
-        kept: at most ``heads`` value heads per q/k head)."""
-        H = min(self.H, heads)
-        HV = H if self.op == "attention" else H * min(self.HV // self.H, heads)
-        return dataclasses.replace(self, B=1, T=T, H=H, HV=HV)
-
-
-def cases_of(cfg, *, batch: int, seq_len: int | None, max_heads: int | None) -> list[Case]:
-    """The kernel calls of a run config (``model`` and ``train``), one per kernel its plan uses, at batch
+def problems_of(cfg, *, batch: int, seq_len: int | None, max_heads: int | None) -> list[Problem]:
+    """The kernel calls of a run config (``model`` and ``train``), one per kernel its plan uses, in the model's
+    compute dtype at its chunk size (attention: 0) and scale (None: ``K**-0.5``; Mamba2: 1), at batch
     ``min(batch, micro batch)`` and ``min(seq_len, train.seq_len)`` tokens (None: the config's); ``max_heads`` caps
     q/k heads and value heads per q/k head (interpret mode)."""
     m = cfg.model
@@ -82,5 +40,14 @@ def cases_of(cfg, *, batch: int, seq_len: int | None, max_heads: int | None) -> 
         if max_heads:
             H, HV = min(H, max_heads), (min(H, max_heads) * min(HV // H, max_heads) if kind != "mla"
                                         else min(H, max_heads))
-        out.append(Case(KINDS[kind], B, T, H, HV, K, V, m.dtype, 0 if kind == "mla" else m.chunk_size, scale))
+        out.append(Problem(KINDS[kind], B, T, H, HV, K, V, m.dtype, 0 if kind == "mla" else m.chunk_size, scale))
     return out
+
+
+def published_configs() -> list[Path]:
+    """The published run configs (``configs/zebra_*.py``) that the doctor and the tuner take by default: under the
+    current directory's ``configs/``, else the source checkout's; empty when there are none."""
+    for root in (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs"):
+        if found := sorted(root.glob("zebra_*.py")):
+            return found
+    return []

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 from hybrid_jax.kernels import tuning, tuning_file
+from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.kernels.tooling.sweep import Search, failure_note, sweep
 from hybrid_jax.kernels.tuning import RecurrentConfig
-from hybrid_jax.model.kernel_calls import Case
-from hybrid_jax.tune.shapes import TuneError, fit_batch, problems_of, published_configs
-from hybrid_jax.tune.sweep import Kernel, failure_note, sweep
+from hybrid_jax.model.kernel_calls import published_configs
+from hybrid_jax.tune.problems import TuneError, fit_batch, tuning_problems
 
 PROG = "python -m hybrid_jax.tune"
 _DOC = "Sweep the recurrent kernels' launches on this GPU at a config's shapes and write a tuning file."
@@ -57,7 +57,7 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
-def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Case, list[str]]]], Path, bool]:
+def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Problem, list[str]]]], Path, bool]:
     """Check the arguments (a :class:`TuneError` on bad input) -> (problems by tuning-file key with the config names
     that have them, the output path, interpret mode)."""
     from hybrid_jax.config import load_config_file
@@ -68,6 +68,8 @@ def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Case, list[str]]]]
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise TuneError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     paths = [Path(c) for c in args.config] if args.config else published_configs()
+    if not paths:
+        raise TuneError("no configs/zebra_*.py here: pass --config configs/X.py")
     for path in paths:
         if not path.is_file():
             raise TuneError(f"--config {path}: no such file")
@@ -75,13 +77,13 @@ def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Case, list[str]]]]
     out = Path(args.out) if args.out else tuning_file.cache_path()
     check_out(out)
     stats = jax.devices()[0].memory_stats() or {}
-    by_key: dict[tuple[str, int, int], dict[Case, list[str]]] = {}
+    by_key: dict[tuple[str, int, int], dict[Problem, list[str]]] = {}
     for path in paths:
         try:
             cfg = load_config_file(path)
         except Exception as e:  # noqa: BLE001 - said in one line
             raise TuneError(f"--config {path}: cannot be loaded ({type(e).__name__}: {e})") from None
-        found = problems_of(cfg, args.batch or (1 if interpret else 8), args.seq_len or (64 if interpret else None),
+        found = tuning_problems(cfg, args.batch or (1 if interpret else 8), args.seq_len or (64 if interpret else None),
                             2 if interpret else None, "float32" if interpret else "bfloat16")
         if not found and args.config:
             raise TuneError(f"--config {path}: no recurrent mixer in its plan (nothing to tune)")
@@ -102,13 +104,13 @@ def main(argv: list[str] | None = None) -> Path:
         raise SystemExit(f"{PROG}: error: {e}") from None
     console, t0 = Console(), time.perf_counter()
     end = t0 + args.budget_s
-    dtype, repeats = (jnp.float32, args.repeats or 3) if interpret else (jnp.bfloat16, args.repeats or 10)
+    repeats = args.repeats or (3 if interpret else 10)
     arch, kind = tuning.current_arch(), jax.devices()[0].device_kind
     mode = ", interpret mode" if interpret else ""
     console.print(f"tuning {len(by_key)} kernels on {kind} (built-in table {arch}{mode})"
                   f" within {args.budget_s:g} s: {', '.join(f'{op} K{K} V{V}' for op, K, V in by_key)}")
     notes: list[str] = []
-    kernels, builtins, best = [], [], {}
+    searches, builtins, best = [], [], {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("preparing inputs", total=None)
@@ -119,14 +121,14 @@ def main(argv: list[str] | None = None) -> Path:
             if len(chunks) > 1:
                 notes.append(f"{op} K{K} V{V}: configs set chunk sizes {chunks}: tuned at {chunks[0]}")
             start = dataclasses.replace(start, chunk=chunks[0]) if chunks else start
-            kernels.append(Kernel(problems, start, dtype, interpret, repeats))
+            searches.append(Search(problems, start, interpret=interpret, repeats=repeats))
             builtins.append(dataclasses.replace(tuning.recurrent_config(arch=arch, per_key=op == "kda"),
                                                 chunk=start.chunk))
-        totals = [sum(len(a.values) - 1 for a in k.axes()) for k in kernels]
+        totals = [sum(len(a.values) - 1 for a in k.axes()) for k in searches]
         progress.update(task, total=sum(totals), completed=0)
         done = 0
-        for i, (kernel, total) in enumerate(zip(kernels, totals, strict=True)):
-            op, K, V = kernel.key
+        for i, (search, total) in enumerate(zip(searches, totals, strict=True)):
+            op, K, V = search.key
             name = f"{op} K{K} V{V}"
 
             def note(text, name=name):
@@ -134,8 +136,8 @@ def main(argv: list[str] | None = None) -> Path:
                 progress.console.print(f"  {name} {text}", markup=False, highlight=False)
 
             progress.update(task, description=name)
-            deadline = time.perf_counter() + (end - time.perf_counter()) / (len(kernels) - i)
-            best[kernel.key] = sweep(kernel, deadline, note, lambda n=1: progress.advance(task, n))
+            deadline = time.perf_counter() + (end - time.perf_counter()) / (len(searches) - i)
+            best[search.key] = sweep(search, deadline, note, lambda n=1: progress.advance(task, n))
             done += total
             progress.update(task, completed=done)
     console.print(f"sweep done after {time.perf_counter() - t0:.0f} s; timing the whole ops (forward + backward)")
@@ -143,9 +145,9 @@ def main(argv: list[str] | None = None) -> Path:
     columns = ["op", "K", "V", "shapes", *(["fallback ms"] if from_fallback else []), "built-in ms", "tuned ms",
                "speed-up", *(["gap closed"] if from_fallback else []), "tuned launches"]
     entries, table = [], Table(*columns)
-    for kernel, builtin in zip(kernels, builtins, strict=True):
-        op, K, V = kernel.key
-        winner = best[kernel.key]
+    for search, builtin in zip(searches, builtins, strict=True):
+        op, K, V = search.key
+        winner = best[search.key]
 
         def say(text, name=f"{op} K{K} V{V}"):
             notes.append(f"{name}: {text}")
@@ -153,19 +155,19 @@ def main(argv: list[str] | None = None) -> Path:
 
         def whole_op_ms(cfg, what):
             try:
-                why = kernel.check(cfg)
+                why = search.check(cfg)
                 if why:
                     say(f"the {what} fails the numerics check: {why}")
-                return kernel.op_ms(cfg)
+                return search.op_ms(cfg)
             except Exception as e:  # noqa: BLE001 - said, never a crash
                 say(f"the {what} does not run as a whole op: {failure_note(e)}")
                 return math.inf
 
         times = {}  # config -> whole-op ms, each timed once
-        for cfg, what in ((builtin, "built-in entry"), (kernel.start, "fallback entry"), (winner, "winner")):
+        for cfg, what in ((builtin, "built-in entry"), (search.start, "fallback entry"), (winner, "winner")):
             if cfg not in times:
                 times[cfg] = whole_op_ms(cfg, what)
-        builtin_ms, start_ms, tuned_ms = times[builtin], times[kernel.start], times[winner]
+        builtin_ms, start_ms, tuned_ms = times[builtin], times[search.start], times[winner]
         keep = min(times, key=times.get)
         if times[keep] == math.inf:
             say("no entry (nothing runs)")
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> Path:
         entries.append({"op": op, "K": K, "V": V, "config": keep, "tuned_ms": finite(times[keep]),
                         "builtin_ms": finite(builtin_ms), "winner_ms": finite(tuned_ms),
                         **({"fallback_ms": finite(start_ms)} if from_fallback else {})})
-        shapes = "; ".join(f"B{p.B} T{p.T} H{p.H}/{p.HV} ({', '.join(names)})" for p, names in by_key[kernel.key])
+        shapes = "; ".join(f"B{p.B} T{p.T} H{p.H}/{p.HV} ({', '.join(names)})" for p, names in by_key[search.key])
         gap = start_ms - builtin_ms
         closed = [f"{(start_ms - tuned_ms) / gap:.0%}" if gap > 0 and math.isfinite(gap) else "no gap"]
         table.add_row(op, str(K), str(V), shapes, *([f"{start_ms:.3f}"] if from_fallback else []),

@@ -33,9 +33,9 @@ def gram_vjp(m: list, a: list, b: list, gamma: list, strict: bool, span: float =
 
 class Snapshots:
     """One chunk's state snapshots ``h`` (its start state) and ``dh`` (the gradient of its end state), ``[K, V]``
-    refs, in the products the gradient kernels take of them; each tile is loaded where it is first used (with loads
-    up front the KDA anchor's gradient launch took 247 registers instead of 178, compiled for sm90). ``hdh_ref``:
-    ``sum_v h dh`` ``[K]`` from the reverse state pass, if it computed it (``RecurrentConfig.hdh_in_state_bwd``)."""
+    refs, in the products the gradient kernels take of them; each tile is loaded where it is first used (loads up
+    front take more registers: benchmarks/NOTES.md, "KDA: from 6.5x to 1.3x our GDN"). ``hdh_ref``: ``sum_v h dh``
+    ``[K]`` from the reverse state pass, if it computed it (``RecurrentConfig.hdh_in_state_bwd``)."""
 
     def __init__(self, h_ref, dh_ref=None, hdh_ref=None):
         self.refs, self.tiles, self.hdh_ref = {"h": h_ref, "dh": dh_ref}, {}, hdh_ref

@@ -1,13 +1,14 @@
 """The launch search space of the recurrent kernels, and each launch stage's inputs, for sweeping launches on a GPU.
 
-A sweep (``benchmarks/autotune.py``) walks the :class:`Axis` list of :func:`search_space` by coordinate descent from a
-table entry, timing only the stages an axis changes, each stage alone on the inputs :func:`stage_inputs` builds.
+The one sweep (``kernels/tooling/sweep.py``: ``python -m hybrid_jax.tune``, ``python -m benchmarks autotune``) walks
+the :class:`Axis` list of :func:`search_space` by coordinate descent from a table entry, timing only the stages an
+axis changes, each stage alone on the inputs :func:`stage_inputs` builds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -19,19 +20,14 @@ from hybrid_jax.kernels.recurrent.op import kernel_gate
 from hybrid_jax.kernels.recurrent.segments import sequential_qk
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
 
+if TYPE_CHECKING:  # the tooling's problems import the op table, which imports this module
+    from hybrid_jax.kernels.tooling.problems import Problem
+
 LAUNCHES = tuple(Launch(w, s) for w in (2, 4, 8) for s in (1, 2, 3))
 STAGES = {"wy": wy, "state": state_fwd, "output": output, "state_bwd": state_bwd, "grad": grad}
 # stages with diagonal row blocks: with a per-key gate a first launch around one reference row per block, then one
 # that redoes the rows it got wrong (launch.diagonal_launches), whose programs exit unless their chunk has such rows
 LEVELS_STAGES = ("wy", "output", "grad")
-
-
-class HeadDims(Protocol):
-    """What the search space depends on in a problem shape (``benchmarks/shapes.py``'s ``Shape`` has it)."""
-
-    K: int
-    V: int
-    delta: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +40,7 @@ class Axis:
     stages: tuple[str, ...]
 
 
-def search_space(cfg: RecurrentConfig, problems: list[HeadDims]) -> list[Axis]:
+def search_space(cfg: RecurrentConfig, problems: list[Problem]) -> list[Axis]:
     """The axes to sweep from ``cfg`` at ``problems``, in sweep order: the state passes' V tiles, then (warps, stages)
     of each launch; the split gradient pass's second launch only where some problem splits it."""
     axes = [Axis("block_v", (32, 64, 128), ("state", "state_bwd")),

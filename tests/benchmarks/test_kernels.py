@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.kernels import trace_fwd_bwd
+from hybrid_jax.kernels.tooling.problems import Problem
 
 
 def test_trace_fwd_bwd_counts_each_call_of_the_traced_function(tmp_path):
@@ -21,32 +22,21 @@ def test_trace_fwd_bwd_counts_each_call_of_the_traced_function(tmp_path):
     assert any("projection" in op["scope"] for op in summary["ops"])
 
 
-def test_each_variant_is_printed_when_timed_and_a_failing_one_is_recorded(capsys):
+def test_each_variant_is_printed_when_timed_traced_into_its_own_folder_and_a_failing_one_recorded(tmp_path, capsys):
     """``run`` prints a variant's line as soon as it is timed (a part's time limit then loses only the variant it
-    stops in) and records a failing variant instead of failing the shape."""
+    stops in), records a failing variant instead of failing the shape, and with ``trace`` traces the table config into
+    DIR/SHAPE and each variant into DIR/SHAPE_VARIANT (commas made underscores), each summary beside its times."""
     from benchmarks.kernels import run
-    from benchmarks.shapes import Shape
 
-    s = Shape("tiny_gdn", 1, 64, 1, 1, 16, 16, True)
-    res = run(s, repeats=1, xla_timing=False, interpret=True, variants=("chunk=24", "block_v_bwd=16"))
-    assert "power of two" in res["variants"]["chunk=24"]["error"]
-    assert res["variants"]["block_v_bwd=16"]["ok"]
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["tiny_gdn chunk=24", "tiny_gdn block_v_bwd=16"]
-    assert "FAILED ValueError" in lines[0] and "fwd+bwd" in lines[1]
-
-
-def test_each_variant_is_traced_into_its_own_folder(tmp_path, capsys):
-    """With ``trace``, ``run`` traces the table config into DIR/SHAPE and each variant into DIR/SHAPE_VARIANT (commas
-    made underscores), and records each summary beside its times."""
-    from benchmarks.kernels import run
-    from benchmarks.shapes import Shape
-
-    s = Shape("tiny_gdn", 1, 64, 1, 1, 16, 16, True)
-    res = run(s, repeats=1, xla_timing=False, interpret=True, variants=("block_v=16,block_v_bwd=16",),
+    s = Problem("gdn", 1, 64, 1, 1, 16, 16, name="tiny_gdn")
+    res = run(s, repeats=1, xla_timing=False, interpret=True, variants=("chunk=24", "block_v=16,block_v_bwd=16"),
               trace=str(tmp_path))
+    assert "power of two" in res["variants"]["chunk=24"]["error"]
     variant = res["variants"]["block_v=16,block_v_bwd=16"]
-    assert variant["ok"] and variant["trace"]["calls"] == 3 and res["trace"]["calls"] == 3
+    assert res["ok"] and variant["ok"] and variant["trace"]["calls"] == 3 and res["trace"]["calls"] == 3
     for folder in ("tiny_gdn", "tiny_gdn_block_v=16_block_v_bwd=16"):
         assert (tmp_path / folder / "step_hlo.txt").read_text().startswith("HloModule")
-    assert "tiny_gdn block_v=16,block_v_bwd=16: trace" in capsys.readouterr().out
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny_gdn ")]
+    assert [line.split(": ")[0] for line in lines] == ["tiny_gdn chunk=24", "tiny_gdn block_v=16,block_v_bwd=16",
+                                                       "tiny_gdn block_v=16,block_v_bwd=16"]
+    assert "FAILED ValueError" in lines[0] and lines[1].endswith(": trace") and "fwd+bwd" in lines[2]

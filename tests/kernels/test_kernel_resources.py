@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.kernel_resources import compile_kernel, lowered_kernels, recurrence_case
+from benchmarks.kernel_resources import compile_kernel, recurrence_case
 from benchmarks.shapes import SHAPES
+from hybrid_jax.kernels.tooling.lowering import lowered_kernels
 from hybrid_jax.kernels.tuning import recurrent_config
 
 SHAPE = {s.name: s for s in SHAPES}
@@ -32,11 +33,9 @@ def test_lowered_kernels_carry_the_table_launches():
         assert f"tt.func public @{k.name}(" in k.ir
 
 
-# Nsight Compute on the H200 at the 1B KDA shape with the sm90 table (round 10: ``python -m benchmarks.kernel_resources
-# --run --only kda_1b`` under ``ncu --section LaunchStats``): the gradient pass's registers per thread and bytes of
-# shared memory per launch. ``MEASURED``: the table entry as measured then; since round 16 the table sums the gate in
-# the kernels, computes the output in the state pass and runs ``grad`` at 4 warps, since round 17 ``wy``, ``grad`` and
-# ``grad_wy`` at 2 stages.
+# Nsight Compute on the H200 at the 1B KDA shape (``python -m benchmarks kernel_resources --run --only kda_1b`` under
+# ``ncu --section LaunchStats``) with the sm90 table entry as it was then (``MEASURED``): the gradient pass's registers
+# per thread and bytes of shared memory per launch (benchmarks/NOTES.md, "Offline compiles against the device").
 MEASURED = ("output_in_state=false,gate_cumsum_in_kernels=false,grad.num_warps=8,grad.num_stages=1,"
             "grad_wy.num_stages=1,wy.num_stages=1")
 H200_KDA_1B = {"grad_bwd": (64, 8192), "grad_bwd_levels": (196, 8192), "grad_wy_bwd": (72, 6144),
@@ -60,9 +59,7 @@ def test_sm90_shared_memory_and_tensor_cores_match_the_h200_profile(kda_1b_sm90)
 
 @pytest.mark.parametrize("name", [
     "grad_bwd", "grad_wy_bwd", "grad_wy_bwd_levels",
-    # round 10: 166 offline against 196 on the H200 (round 9, before the gradient kernels loaded the state snapshots
-    # where first used and the levels launches took several chunks per program: 128 both); strict, so that agreeing
-    # again is noticed
+    # fewer offline than on the H200 (NOTES.md); strict, so that agreeing again is noticed
     pytest.param("grad_bwd_levels", marks=pytest.mark.xfail(strict=True, reason="offline ptxas: 166 registers")),
 ])
 def test_sm90_registers_match_the_h200_profile(kda_1b_sm90, name):
@@ -73,8 +70,7 @@ def test_sm90_registers_match_the_h200_profile(kda_1b_sm90, name):
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 @pytest.mark.parametrize("shape", ["gdn_300m", "mamba2_300m", "kda_300m"])
 def test_rocm_launches_fit_and_do_not_spill(arch, shape):
-    """At our model shapes every launch of the ROCm tables fits the LDS and spills no VGPRs (the GDN gradient pass
-    spilled 125-190 at 8 warps, hence 4)."""
+    """At our model shapes every launch of the ROCm tables fits the LDS and spills no VGPRs."""
     pytest.importorskip("triton")
     fn, args = recurrence_case(SHAPE[shape], arch)
     limit = recurrent_config(arch).shared_memory

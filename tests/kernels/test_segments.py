@@ -18,17 +18,9 @@ from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels import api, reference, tuning
 from hybrid_jax.kernels.recurrent import segments
-from tests.kernels.test_pallas_recurrence import make_inputs, naive, pallas, rel_rms, value_and_grads, xla
-
-
-def segment_ids(T: int, starts: list[list[int]]) -> jax.Array:
-    """``[len(starts), T]`` int32: row ``b``'s documents begin at ``starts[b]`` (besides position 0)."""
-    seg = np.zeros((len(starts), T), np.int32)
-    for b, row in enumerate(starts):
-        for s in row:
-            seg[b, s:] += 1
-    return jnp.asarray(seg)
-
+from hybrid_jax.kernels.tooling.calls import errors_against
+from hybrid_jax.kernels.tooling.errors import Tolerance, over
+from tests.kernels.conftest import check, make_inputs, problem, rel_rms, segment_ids, steep_gates
 
 # T = 37 in chunks of 16: starts at a chunk's first row (16, 32) and last (15, 31), several per chunk, one-token
 # documents (5, 6, ...), the ragged tail's last token (36); together every row position of a 16-row chunk. The
@@ -36,27 +28,13 @@ def segment_ids(T: int, starts: list[list[int]]) -> jax.Array:
 STARTS = [[1, 5, 6, 15, 16, 18, 19, 23, 26, 29, 31, 32, 34, 36], [8, 9, 11, 12, 14, 17, 24, 28, 30]]
 
 
-def with_segments(fn, seg):
-    return lambda *args, **kw: fn(*args, segment_ids=seg, **kw)
-
-
-def inputs_for(kind: str, seed: int, B: int, T: int = 37):
-    """Inputs with 1 q/k head and 2 value heads and mild gates (so that a state leaking across a boundary would
-    show), except rows ``T//2 .. T//2 + 7``: gates down to -20 per step."""
-    mild, weights = make_inputs(seed, B=B, T=T, H=1, HV=2, delta=kind != "gla", per_key=kind == "kda")
-    g = mild["g"]
-    steep = jax.random.uniform(jax.random.PRNGKey(seed), (B, 8, *g.shape[2:]), minval=-20.0, maxval=0.0)
-    return dict(mild, g=g.at[:, T // 2: T // 2 + 8].set(steep.at[:, ::3].set(-20.0))), weights
-
-
-def compare(fn, ref, inputs, weights, tol: float) -> None:
-    o, ht, grads = value_and_grads(fn, inputs, weights, final_state=True)
-    o_r, ht_r, grads_r = value_and_grads(ref, inputs, weights, final_state=True)
-    assert rel_rms(o, o_r) <= tol and rel_rms(ht, ht_r) <= tol
-    assert set(grads) == set(grads_r)
-    for name, grad in grads.items():
-        assert np.all(np.isfinite(np.asarray(grad))), name
-        assert rel_rms(grad, grads_r[name]) <= tol, (name, rel_rms(grad, grads_r[name]))
+def inputs_for(kind: str, seed: int, B: int, T: int = 37, chunk: int = 16):
+    """A problem with 1 q/k head and 2 value heads, its inputs (the model's gates: some heads' states reach across
+    many tokens, so a state leaking across a boundary would show) with rows ``T//2 .. T//2 + 7`` steep (gates down to
+    -20 per step), and cotangents."""
+    p = problem(kind, B=B, T=T, chunk=chunk)
+    x, ct = make_inputs(p, seed)
+    return p, steep_gates(x, -20.0, seed, rows=slice(T // 2, T // 2 + 8)), ct
 
 
 @pytest.mark.parametrize("kind", ["gdn", "gla", "kda"])
@@ -64,22 +42,23 @@ def test_naive_resets_are_each_document_alone(kind):
     """The packed recurrence is each document run alone: the first from the initial state, the others from zero;
     the final state is the last document's. (Each document alone is one batch row, padded with ``k = v = g = beta
     = 0``, which changes neither its outputs nor its final state.)"""
-    inputs, _ = inputs_for(kind, 0, B=1)
+    _, inputs, _ = inputs_for(kind, 0, B=1)
     starts = [5, 6, 20, 31]
     seg = segment_ids(37, [starts])
-    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-    o, final = reference.naive_recurrence(*args, initial_state=inputs["h0"], segment_ids=seg, use_qk_l2norm=True)
+    args = [inputs.get(n) for n in ("q", "k", "v", "g", "beta")]
+    o, final = reference.naive_recurrence(*args, initial_state=inputs["initial_state"], segment_ids=seg,
+                                          use_qk_l2norm=True)
     bounds = list(zip([0, *starts], [*starts, 37], strict=True))
     alone = [None if x is None else jnp.concatenate(
         [jnp.pad(x[:, lo:hi], [(0, 0), (0, 37 - hi + lo)] + [(0, 0)] * (x.ndim - 2)) for lo, hi in bounds])
         for x in args]
-    h0 = jnp.zeros((len(bounds), *inputs["h0"].shape[1:])).at[0].set(inputs["h0"][0])
+    h0 = jnp.zeros((len(bounds), *inputs["initial_state"].shape[1:])).at[0].set(inputs["initial_state"][0])
     o_alone, final_alone = reference.naive_recurrence(*alone, initial_state=h0, use_qk_l2norm=True)
     for d, (lo, hi) in enumerate(bounds):
         np.testing.assert_allclose(o[0, lo:hi], o_alone[d, : hi - lo], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(final[0], final_alone[-1], rtol=1e-6, atol=1e-6)
     # and a reset is not a no-op (the batch's first row has mild gates): without it later documents differ
-    o_plain, _ = reference.naive_recurrence(*args, initial_state=inputs["h0"], use_qk_l2norm=True)
+    o_plain, _ = reference.naive_recurrence(*args, initial_state=inputs["initial_state"], use_qk_l2norm=True)
     assert rel_rms(o_plain[:, 5:], o[:, 5:]) > 1e-2
 
 
@@ -89,9 +68,9 @@ def test_xla_chunked_form_with_every_boundary_position(kind, chunk):
     batch puts one at every row position of a chunk (and many documents shorter than a chunk)."""
     T = 2 * chunk + 5
     starts = [sorted({chunk + b, (3 * b + 1) % T or 1, min(T - 1, chunk + b + 2)}) for b in range(chunk)]
-    inputs, weights = inputs_for(kind, 1, B=chunk, T=T)
-    seg = segment_ids(T, starts)
-    compare(with_segments(xla(chunk), seg), with_segments(naive, seg), inputs, weights, tol=2e-5)
+    p, x, ct = inputs_for(kind, 1, B=chunk, T=T, chunk=chunk)
+    errs = errors_against(p, "xla", "naive", x, ct, segment_ids=segment_ids(T, starts))
+    assert not over(errs, Tolerance(2e-5, 2e-5)), errs
 
 
 # every kernel variant the segment masks touch: the split gradient pass (its WY launch), the output in the forward
@@ -111,20 +90,20 @@ def test_pallas_kernels_with_documents(kind, chunk, variants, branch):
     document without the masks and the others with them (the second row's last chunk is of the first kind), with
     one and with two chunks per program; else the masked kernel on every chunk."""
     T = 59 if variants else 37
-    inputs, weights = inputs_for(kind, 2, B=len(STARTS), T=T)
+    p, x, ct = inputs_for(kind, 2, B=len(STARTS), T=T, chunk=chunk)
     config = dataclasses.replace(tuning.recurrent_config(per_key=kind == "kda"), documents_branch=branch,
                                  **(VARIANTS if variants else {}))
-    seg = segment_ids(T, STARTS)
-    compare(with_segments(pallas(chunk, config), seg), with_segments(naive, seg), inputs, weights, tol=5e-5)
+    check(p, x, ct, config=config, refs=("naive",), tol=Tolerance(5e-5, 5e-5), segment_ids=segment_ids(T, STARTS))
 
 
 def test_api_segments_every_impl_and_checks():
     """Through the public API every implementation gives the same result; all-zero ids are no documents at all
     (bit for bit with ``None`` on the XLA form); malformed ids are refused."""
-    inputs, _ = inputs_for("gdn", 3, B=2, T=20)
+    _, inputs, _ = inputs_for("gdn", 3, B=2, T=20)
     q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
     seg = segment_ids(20, [[4, 9], [16]])
-    outs = {impl: api.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=inputs["h0"], output_final_state=True,
+    outs = {impl: api.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=inputs["initial_state"],
+                                             output_final_state=True,
                                              use_qk_l2norm=True, chunk_size=16, impl=impl, segment_ids=seg)
             for impl in ("naive", "xla")}
     for impl in ("xla",):
@@ -173,52 +152,3 @@ def test_sequential_passes_see_each_chunks_keep_bit(reverse):
                          out_specs=pl.BlockSpec((None, N), lambda b: (b, 0)),
                          out_shape=jax.ShapeDtypeStruct((2, N), jnp.int32), interpret=True)(words)
     np.testing.assert_array_equal(got, last == 0)
-
-
-# ------------------------------------------------------------------------------------------------- attention
-ATTENTION_TILES = tuning.AttentionConfig(fwd=tuning.AttentionKernel(32, 16), dkdv=tuning.AttentionKernel(16, 32),
-                                         dq=tuning.AttentionKernel(16, 16))
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_flash_attention_with_documents(causal):
-    """The Pallas flash kernel (small tiles, ragged T) against the masked reference, values and gradients; with
-    NaN in the values of a document's key blocks that no later document needs, the later documents' outputs and
-    gradients stay finite and unchanged: those blocks are skipped, not masked."""
-    from hybrid_jax.kernels.flash_attention import flash_attention
-
-    B, T, H = 2, 77, 2
-    ks = jax.random.split(jax.random.PRNGKey(4), 4)
-    q, k = (jax.random.normal(x, (B, T, H, 24)) for x in ks[:2])
-    v, w = (jax.random.normal(x, (B, T, H, 16)) for x in ks[2:])
-    seg = segment_ids(T, [[1, 5, 16, 17, 40, 63], [31, 32, 70]])
-
-    def value_and_grad(fn, v):
-        return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), argnums=(0, 1, 2))(q, k, v)
-
-    flash = lambda q, k, v: flash_attention(q, k, v, causal=causal, config=ATTENTION_TILES, interpret=True,  # noqa
-                                            segment_ids=seg)
-    masked = lambda q, k, v: reference.naive_attention(q, k, v, causal=causal, segment_ids=seg)  # noqa: E731
-    out, grads = value_and_grad(flash, v)
-    out_r, grads_r = value_and_grad(masked, v)
-    assert rel_rms(flash(q, k, v), masked(q, k, v)) <= 1e-5
-    for g, g_r in zip(grads, grads_r, strict=True):
-        assert rel_rms(g, g_r) <= 1e-5
-    # row 0's query blocks of 32 from position 32 on hold documents that start at 17 or later, so the forward
-    # never visits key block [0, 16) for them
-    v_nan = v.at[0, :16].set(jnp.nan)
-    np.testing.assert_allclose(flash(q, k, v_nan)[0, 32:], flash(q, k, v)[0, 32:], rtol=1e-6, atol=1e-6)
-    # the plain mask is not enough: the reference multiplies NaN by zero probabilities
-    assert np.isnan(np.asarray(masked(q, k, v_nan)[0, 32:])).all()
-
-
-def test_attention_api_documents():
-    """``api.attention`` hands ``segment_ids`` to every implementation (XLA and the flash kernel agree); no
-    documents at all (all-zero ids) is plain causal attention."""
-    q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (1, 40, 2, 16)) for i in range(3))
-    seg = segment_ids(40, [[9, 30]])
-    o = {impl: api.attention(q, k, v, impl=impl, segment_ids=seg) for impl in ("xla", "pallas_interpret")}
-    assert rel_rms(o["pallas_interpret"], o["xla"]) <= 1e-5
-    np.testing.assert_allclose(o["xla"][:, :9], api.attention(q[:, :9], k[:, :9], v[:, :9], impl="xla"), atol=1e-6)
-    np.testing.assert_array_equal(api.attention(q, k, v, impl="xla", segment_ids=jnp.zeros((1, 40), jnp.int32)),
-                                  api.attention(q, k, v, impl="xla"))

@@ -1,4 +1,8 @@
-"""Wall-clock timing of jitted JAX calls, shared by the benchmarks."""
+"""The one timer: wall-clock time of jitted JAX calls, for the doctor, the tuner and the benchmarks.
+
+A sample is many back-to-back calls: a kernel of a millisecond or less is then timed with the device kept busy, not
+with the host's dispatch and an idle gap before each call (benchmarks/NOTES.md, Timing method).
+"""
 
 from __future__ import annotations
 
@@ -36,13 +40,11 @@ def back_to_back_ms(fn: Callable[..., Any], arg_sets: list[tuple], repeats: int,
 def median_ms(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 2, sample_ms: float = 20.0) -> float:
     """Median time in ms of one ``fn(*args)`` call over ``repeats`` samples after ``warmup`` calls (compilation).
 
-    A sample is as many back-to-back calls as take about ``sample_ms`` (at least one; :func:`back_to_back_ms`):
-    a call of a millisecond or less is then timed with the GPU kept busy, not with the host's dispatch and an idle
-    gap before each call (one call per sample moved the same kernels' times by up to 50% on an H200)."""
+    A sample is as many back-to-back calls as take about ``sample_ms`` (at least one; :func:`back_to_back_ms`)."""
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
-    calls = max(1, round(sample_ms / (1e3 * (time.perf_counter() - t0))))
+    calls = max(1, round(sample_ms / max(1e3 * (time.perf_counter() - t0), 1e-3)))
     return back_to_back_ms(fn, [args], repeats, calls, warmup=0)[0]
 

@@ -1,0 +1,56 @@
+"""The launch tables and their rules (``kernels/tuning.py``): the arch lookup, the config rules on head dims, the
+pipeline stages capped by shared memory, and the override syntax that sweeps and variants use."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hybrid_jax.kernels import tuning
+from hybrid_jax.kernels.tuning import Launch, RecurrentConfig, fit_stages, override
+
+
+@pytest.mark.parametrize("kind, platform, arch", [
+    ("NVIDIA H200", "gpu", "sm90"), ("NVIDIA H100 80GB HBM3", "gpu", "sm90"), ("gfx942", "rocm", "gfx942"),
+    ("AMD Instinct MI300X", "rocm", "gfx942"), ("gfx950", "rocm", "gfx950"), ("AMD Instinct MI355X", "rocm", "gfx950"),
+    ("NVIDIA A100-SXM4-80GB", "gpu", "fallback"), ("cpu", "cpu", "fallback"),
+])
+def test_tuning_lookup(kind, platform, arch):
+    assert tuning.arch_of(kind, platform) == arch
+    cfg = tuning.recurrent_config(arch)
+    assert cfg is tuning.RECURRENT[arch] and cfg.block_v & (cfg.block_v - 1) == 0
+    cfg = tuning.recurrent_config(arch, per_key=True)
+    assert cfg is tuning.RECURRENT_KDA[arch] and cfg.block_v & (cfg.block_v - 1) == 0 and cfg.chunk == 16
+
+
+def test_chunks_per_program_rule():
+    """The loop applies where the padded ``K * V`` reaches ``chunks_per_program_from`` (``None``: never); the sm90 KDA
+    table loops at K = V = 128 only, its GDN table not at all (benchmarks/NOTES.md, option evidence)."""
+    rule = RecurrentConfig(chunks_per_program=4, chunks_per_program_from=128 * 128)
+    assert rule.chunks_per_program_at(128, 128) == 4
+    assert rule.chunks_per_program_at(32, 64) == 1
+    assert dataclasses.replace(rule, chunks_per_program_from=None).chunks_per_program_at(128, 128) == 1
+    assert dataclasses.replace(rule, chunks_per_program_from=0).chunks_per_program_at(32, 64) == 4
+    kda = tuning.recurrent_config("sm90", per_key=True)
+    assert (kda.chunks_per_program_at(128, 128), kda.chunks_per_program_at(32, 64)) == (4, 1)
+    assert tuning.recurrent_config("sm90").chunks_per_program_at(128, 128) == 1
+
+
+def test_fit_stages():
+    assert fit_stages(Launch(4, 3), 18_432, 227 * 1024) == Launch(4, 3)
+    assert fit_stages(Launch(4, 3), 73_728, 227 * 1024) == Launch(4, 2)  # 3 x 72 KiB > 7/8 of 227 KiB
+    assert fit_stages(Launch(8, 2), 10**9, 64 * 1024) == Launch(8, 1)  # at least one stage
+
+
+def test_override_sets_config_and_launch_fields():
+    cfg = RecurrentConfig(block_v_bwd=16, grad=Launch(8, 1))
+    out = override(cfg, "chunk=32,grad.num_stages=2,block_v_bwd=none,output_in_state=true")
+    assert out.chunk == 32 and out.block_v_bwd is None and out.output_in_state
+    assert out.grad == Launch(8, 2) and out.wy == cfg.wy and out.state == cfg.state
+
+
+@pytest.mark.parametrize("text", ["grad.warps=4", "chunks=32", "block_k=64", "chunk.num_warps=4", "chunk=big"])
+def test_override_rejects_unknown_fields_and_values(text):
+    with pytest.raises(ValueError, match="unknown config field|must be an integer"):
+        override(RecurrentConfig(), text)
