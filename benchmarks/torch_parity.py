@@ -1,6 +1,6 @@
 """Train a PyTorch causal LM exactly as our trainer trains (for parity checks against our JAX runs).
 
-Our optimizer (``hybrid_jax.train.optim``) in PyTorch terms: global-norm gradient clip, then AdamW with
+Our optimizer (``hybrid_jax.train.step.optim``) in PyTorch terms: global-norm gradient clip, then AdamW with
 ``b1, b2, eps``, decoupled weight decay on tensors of two or more dimensions except ``A_log`` / ``dt_bias`` / ``D``,
 and the learning rate of our schedule at each step (read from the optax schedule itself). The loss is the mean
 next-token cross-entropy in float32 over ``batch[:, 1:]`` given ``batch[:, :-1]``, as our train step computes it.
@@ -19,7 +19,7 @@ from hybrid_jax.train.step.optim import decays
 
 
 def param_decays(name: str, ndim: int) -> bool:
-    """Our weight-decay rule (:func:`hybrid_jax.train.optim.decays`) for a PyTorch parameter name (``a.b.A_log``)."""
+    """Our weight-decay rule (:func:`hybrid_jax.train.step.optim.decays`) for a PyTorch parameter name (``a.b.A_log``)."""
     return decays(name.rsplit(".", 1)[-1], ndim)
 
 
