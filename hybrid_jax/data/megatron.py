@@ -172,6 +172,18 @@ def _common_last_token(dataset: MegatronDataset, lengths: np.ndarray, pointers: 
     return int(last[0]) if (last == last[0]).all() else None
 
 
+def claim_prefix(prefix: str | Path, force: bool) -> None:
+    """Make ``prefix``'s folder; refuse an existing ``PREFIX.bin``/``.idx`` unless ``force``, then delete them (the
+    index first, so a half-deleted dataset is refused)."""
+    prefix = str(prefix)
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    taken = [prefix + ext for ext in (IDX, BIN) if Path(prefix + ext).exists()]
+    if taken and not force:
+        raise FileExistsError(f"{' and '.join(taken)} exist; pass --force to overwrite them")
+    for path in taken:
+        Path(path).unlink()
+
+
 class MegatronWriter:
     """Writes documents as ``PREFIX.bin`` + ``PREFIX.idx``, one sequence per document, as Megatron's
     ``preprocess_data.py`` does: uint16 tokens below 65,500 ids, int32 above. The ``.idx`` is written last (renamed
