@@ -98,6 +98,8 @@ def sequences(config: ConfigDict, data: Blend | None) -> grain.MapDataset:
         documents = MockDocuments(length, config.train.seq_len // 2, seed) if document_mask else None
         tokens = grain.MapDataset.range(sys.maxsize).map(MarkovSequences(config.model.vocab_size, length, seed))
         return tokens.map_with_index(_MockRow(documents))
+    if config.data.source not in ("tokens", "megatron"):
+        raise ValueError(f"unknown data.source {config.data.source!r}: expected 'mock', 'tokens' or 'megatron'")
     if data is None:
         raise ValueError(f"data.source={config.data.source!r} needs the opened data.path "
                          "(hybrid_jax.data.blend.open_blend)")
