@@ -5,8 +5,10 @@ them: ``"0.7 path/a 0.3 path/b"``; a single path is a blend of one. Each path's 
 The interleaving is exact and deterministic: sample ``i`` of the blended stream goes to the source furthest behind
 its share, the source ``d`` with the largest ``w_d (i + 1) - c_d`` (``c_d`` its samples so far; ties to the first
 listed), as Megatron's blending does, in exact integer arithmetic. The weights, normalised, are whole numbers
-``p_d`` of a period ``P = sum(p_d)``; after each period every source has had exactly its ``p_d`` and the deficits
-are back to zero, so the order repeats with period ``P``. One period is laid out once (:class:`BlendSchedule`), and
+``p_d`` of a period ``P = sum(p_d)``. The deficits before a pick add up to one sample, so the largest is positive and
+no source ever gets a whole sample ahead of its share (with two sources, none falls a whole sample behind either);
+at ``i + 1 = P`` that leaves every ``c_d <= p_d`` with ``sum(c_d) = P``: each source has had exactly its ``p_d``, the
+deficits are back to zero, and the order repeats with period ``P``. One period is laid out once (:class:`BlendSchedule`), and
 the source of any sample and every source's count after ``N`` samples follow in O(1) and O(P) numpy, whatever ``N``:
 a run resumed at sequence ``10**8`` computes them at once. Weights whose exact period would exceed
 :data:`MAX_PERIOD` samples are rounded to multiples of ``1 / MAX_PERIOD`` (said in a note).
@@ -93,7 +95,7 @@ class BlendSchedule(grain.transforms.DatasetSelectionMap):
             d = max(range(len(shares)), key=lambda d: (shares[d] * (i + 1) - period * counts[d], -d))
             self.choice[i], self.rank[i] = d, counts[d]
             counts[d] += 1
-        if counts != list(shares):  # the deficits stay below one sample, so a period ends exactly on the shares
+        if counts != list(shares):  # no source gets a sample ahead, so a period ends exactly on the shares
             raise AssertionError(f"blend period of {shares} ended at {counts}")
 
     def __len__(self) -> int:
