@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from e
     except KeyError as e:  # a jsonl row without the text field
         raise SystemExit(f"error: {e.args[0]}") from e
+    if args.format == "megatron":
+        print(f"note: Megatron's format records no tokenizer: train with --config.data.source=megatron "
+              f"--config.data.path={args.output} --config.data.tokenizer={m['tokenizer']['path']}", file=sys.stderr)
     if m["null_texts_skipped"]:
         print(f"note: {m['null_texts_skipped']} documents with a null text were left out", file=sys.stderr)
     summary = {k: m[k] for k in ("num_documents", "num_tokens", "vocab_size", "eos_id", "seconds")}

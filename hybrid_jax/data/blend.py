@@ -8,10 +8,10 @@ listed), as Megatron's blending does, in exact integer arithmetic. The weights, 
 ``p_d`` of a period ``P = sum(p_d)``. The deficits before a pick add up to one sample, so the largest is positive and
 no source ever gets a whole sample ahead of its share (with two sources, none falls a whole sample behind either);
 at ``i + 1 = P`` that leaves every ``c_d <= p_d`` with ``sum(c_d) = P``: each source has had exactly its ``p_d``, the
-deficits are back to zero, and the order repeats with period ``P``. One period is laid out once (:class:`BlendSchedule`), and
-the source of any sample and every source's count after ``N`` samples follow in O(1) and O(P) numpy, whatever ``N``:
-a run resumed at sequence ``10**8`` computes them at once. Weights whose exact period would exceed
-:data:`MAX_PERIOD` samples are rounded to multiples of ``1 / MAX_PERIOD`` (said in a note).
+deficits are back to zero, and the order repeats with period ``P``. One period is laid out once
+(:class:`BlendSchedule`), and the source of any sample and every source's count after ``N`` samples follow in O(1)
+and O(P) numpy, whatever ``N``: a run resumed at sequence ``10**8`` computes them at once. Weights whose exact
+period would exceed :data:`MAX_PERIOD` samples are rounded to multiples of ``1 / MAX_PERIOD`` (said in a note).
 """
 
 from __future__ import annotations
