@@ -17,6 +17,7 @@ period would exceed :data:`MAX_PERIOD` samples are rounded to multiples of ``1 /
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import sys
@@ -131,6 +132,11 @@ class Blend:
         return sum(s.num_tokens for s in self.sources)
 
     def schedule(self) -> BlendSchedule:
+        """The interleaving (laid out once per process: up to :data:`MAX_PERIOD` Python steps)."""
+        return self._schedule
+
+    @functools.cached_property
+    def _schedule(self) -> BlendSchedule:
         return BlendSchedule(list(self.shares))
 
     def describe(self) -> list[str]:
