@@ -102,10 +102,10 @@ def base_config() -> ConfigDict:
     )
     c.data = ConfigDict(
         dict(
-            source="mock",  # mock | tokens
-            path="",  # prepared token shards (hybrid_jax.prepare --output)
+            source="mock",  # mock | tokens | megatron
+            path="",  # prepared shards (hybrid_jax.prepare --output), a Megatron prefix, or a blend "0.7 a 0.3 b"
             tokenizer="",  # empty with source=tokens: the tokenizer recorded in data.path's manifest
-            validation_path="",  # held-out data: a prepared dataset, a .jsonl/.parquet of documents, or "mock"
+            validation_path="",  # held-out data: a dataset or blend as data.path, a .jsonl/.parquet, or "mock"
             num_workers=0,
             document_mask=False,  # packed documents kept apart (segment ids per token); False: the FLA/Primus recipe
         )

@@ -1,4 +1,5 @@
-"""``python -m hybrid_jax.prepare``: raw documents -> token shards for ``data.source=tokens``.
+"""``python -m hybrid_jax.prepare``: raw documents -> token shards for ``data.source=tokens`` (or, with
+``--format megatron``, Megatron-LM's ``PREFIX.bin/.idx`` for ``data.source=megatron`` and Megatron itself).
 
 Example::
 
@@ -31,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tfds-data-dir", default=None, help="data_dir of a locally built TFDS dataset")
     p.add_argument("--hf-config", default=None, help="config of a Hugging Face dataset, e.g. sample-10BT")
     p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard (whole documents)")
+    p.add_argument("--format", choices=("tokens", "megatron"), default="tokens",
+                   help="tokens: our shards + manifest.json in --output; megatron: Megatron-LM's indexed dataset, "
+                        "--output being its path prefix (writes PREFIX.bin and PREFIX.idx)")
     return p.parse_args(argv)
 
 
@@ -40,11 +44,14 @@ def main(argv: list[str] | None = None) -> None:
         docs = open_documents(args.input, text_column=args.text_column, split=args.split,
                               tfds_data_dir=args.tfds_data_dir, hf_config=args.hf_config)
         m = prepare(docs, args.tokenizer, args.output, workers=args.workers, limit_docs=args.limit_docs,
-                    force=args.force, shard_tokens=args.shard_tokens, source=args.input)
+                    force=args.force, shard_tokens=args.shard_tokens, source=args.input, output_format=args.format)
     except (FileExistsError, FileNotFoundError, ImportError, ValueError) as e:  # the message says what to do
         raise SystemExit(f"error: {e}") from e
     except KeyError as e:  # a jsonl row without the text field
         raise SystemExit(f"error: {e.args[0]}") from e
+    if args.format == "megatron":
+        print(f"note: Megatron's format records no tokenizer: train with --config.data.source=megatron "
+              f"--config.data.path={args.output} --config.data.tokenizer={m['tokenizer']['path']}", file=sys.stderr)
     if m["null_texts_skipped"]:
         print(f"note: {m['null_texts_skipped']} documents with a null text were left out", file=sys.stderr)
     summary = {k: m[k] for k in ("num_documents", "num_tokens", "vocab_size", "eos_id", "seconds")}

@@ -2,8 +2,9 @@
 
 ``data.validation_path`` is one of
 
-* a prepared dataset directory (``python -m hybrid_jax.prepare --output``): its first windows, in order, after
-  checking it was prepared with the run's tokenizer (same sha256) and fits ``model.vocab_size``;
+* a token dataset, ours (a prepared directory: checked to be prepared with the run's tokenizer, same sha256, and to
+  fit ``model.vocab_size``) or a Megatron ``.bin/.idx`` path prefix: its first windows, in order; or a blend of them
+  (``"0.7 a 0.3 b"``): each dataset's first windows in order, interleaved by weight as the training blend is;
 * a ``.jsonl(.gz)`` / ``.parquet`` file of documents (``text`` column): tokenized here with the run's tokenizer,
   each document followed by EOS, joined and cut into windows (like the training stream, unshuffled);
 * ``"mock"`` (mock-data runs): Markov-chain sequences at indices far beyond any training stream's.
@@ -19,10 +20,12 @@ from pathlib import Path
 import numpy as np
 from ml_collections import ConfigDict
 
+from hybrid_jax.data.blend import open_blend
+from hybrid_jax.data.megatron import IDX
 from hybrid_jax.data.mock import MarkovSequences
 from hybrid_jax.data.pipeline import Batch, segment_ids_after_eos
 from hybrid_jax.data.run_tokenizer import RunTokenizer
-from hybrid_jax.data.shards import TokenWindows, open_dataset
+from hybrid_jax.data.source import TokenWindows
 from hybrid_jax.data.tokenizer import check_vocab
 
 MOCK_OFFSET = 2**62  # mock validation sequences start here; training reads indices from 0 upwards
@@ -41,30 +44,44 @@ def heldout_windows(config: ConfigDict, count: int, tokenizer: RunTokenizer | No
         chain = MarkovSequences(config.model.vocab_size, length, config.train.seed)
         return Batch(np.stack([chain(MOCK_OFFSET + i) for i in range(count)]))
     p = Path(path).expanduser()
-    if p.is_dir():
-        windows, eos_id = _prepared_windows(config, p, length, count, tokenizer)
-    elif not p.is_file():
+    if len(path.split()) > 1 or p.is_dir() or Path(f"{p}{IDX}").is_file():
+        return _dataset_windows(config, path, length, count, tokenizer)
+    if not p.is_file():
         raise FileNotFoundError(f"data.validation_path={path} not found: give a prepared dataset directory, a "
-                                ".jsonl/.parquet file of documents, or 'mock'")
-    elif not p.name.endswith(DOCUMENT_SUFFIXES):
-        raise ValueError(f"data.validation_path={path}: expected a .jsonl(.gz) or .parquet file of documents or a "
-                         "prepared dataset directory")
-    else:
-        windows, eos_id = _document_windows(config, p, length, count, tokenizer)
+                                "Megatron dataset's path prefix, a blend, a .jsonl/.parquet file of documents, or "
+                                "'mock'")
+    if not p.name.endswith(DOCUMENT_SUFFIXES):
+        raise ValueError(f"data.validation_path={path}: expected a .jsonl(.gz) or .parquet file of documents, a "
+                         "prepared dataset directory or a Megatron dataset's path prefix")
+    windows, eos_id = _document_windows(config, p, length, count, tokenizer)
     if not config.data.document_mask:
         return Batch(windows)
     return Batch(windows, np.stack([segment_ids_after_eos(w, eos_id) for w in windows]))
 
 
-def _prepared_windows(config: ConfigDict, directory: Path, length: int, count: int,
-                      tokenizer: RunTokenizer | None) -> tuple[np.ndarray, int]:
-    dataset = open_dataset(directory)
-    check_vocab(config.model.vocab_size, dataset.vocab_size, what=f"the tokenizer of {directory}")
-    if tokenizer is not None and tokenizer.sha256 != dataset.tokenizer.get("sha256"):
-        raise ValueError(f"data.validation_path={directory} was prepared with {dataset.tokenizer.get('path')}, not "
-                         f"with the run's tokenizer {tokenizer.path}: prepare it with the same tokenizer")
-    windows = TokenWindows(dataset, length, config.model.vocab_size)
-    return np.stack([windows[i] for i in range(min(count, len(windows)))]), dataset.eos_id
+def _dataset_windows(config: ConfigDict, path: str, length: int, count: int,
+                     tokenizer: RunTokenizer | None) -> Batch:
+    """The first windows of a dataset or blend, in order (a blend's interleaved by weight), fewer when one of its
+    datasets runs out."""
+    blend = open_blend(path, config.data.source, key="data.validation_path")
+    for source in blend.sources:
+        if source.vocab_size is not None:
+            check_vocab(config.model.vocab_size, source.vocab_size, what=f"the tokenizer of {source.path}")
+        recorded = source.tokenizer
+        if tokenizer is not None and recorded is not None and tokenizer.sha256 != recorded.get("sha256"):
+            raise ValueError(f"data.validation_path={source.path} was prepared with {recorded.get('path')}, not with "
+                             f"the run's tokenizer {tokenizer.path}: prepare it with the same tokenizer")
+    windows = [TokenWindows(s, length, config.model.vocab_size) for s in blend.sources]
+    schedule, rows = blend.schedule(), []
+    for i in range(count):
+        d, j = schedule[i]
+        if j >= len(windows[d]):
+            break
+        rows.append((d, j))
+    tokens = np.stack([windows[d][j] for d, j in rows])
+    if not config.data.document_mask:
+        return Batch(tokens)
+    return Batch(tokens, np.stack([windows[d].segment_ids(j) for d, j in rows]))
 
 
 def _document_windows(config: ConfigDict, path: Path, length: int, count: int,

@@ -3,9 +3,12 @@
 One global stream of ``seq_len + 1`` token sequences, numbered 0, 1, 2, ...:
 
 * ``data.source="mock"``: sequence ``i`` is the Markov-chain sequence ``i`` (:mod:`hybrid_jax.data.mock`).
-* ``data.source="tokens"``: the prepared documents of ``data.path`` joined end to end (each already ends in
-  EOS) and cut into windows of ``seq_len + 1`` (the FLA/Primus recipe: no padding, windows cross document
-  boundaries), shuffled with ``train.seed`` (a fresh permutation every epoch), repeated forever.
+* ``data.source="tokens"`` or ``"megatron"``: the documents of ``data.path`` (our prepared directory or a
+  Megatron ``.bin/.idx`` prefix: :mod:`hybrid_jax.data.source`) joined end to end and cut into windows of
+  ``seq_len + 1`` (the FLA/Primus recipe: no padding, windows cross document boundaries), shuffled with
+  ``train.seed`` (a fresh permutation every epoch), repeated forever. A blend (``"0.7 a 0.3 b"``,
+  :mod:`hybrid_jax.data.blend`) interleaves such streams, one per dataset, by weight: sequence ``i`` is the next
+  window of the dataset furthest behind its share.
 
 A :class:`DataStream` starts at a position (global sequences already consumed). Global batch ``k`` after it is
 sequences ``[position + k G, position + (k + 1) G)`` (``G = train.global_batch_size``); process ``p`` of ``n`` takes
@@ -14,9 +17,10 @@ continues with the very next sequence whatever its batch size or process count, 
 ``data.num_workers``.
 
 ``data.document_mask``: each batch also carries segment ids (a nondecreasing document index per row, from 0).
-Prepared tokens: a document ends at its EOS, so a token's id counts the EOS tokens before it in the window. Mock data:
-documents of random lengths up to ``seq_len // 2`` (:class:`~hybrid_jax.data.mock.MockDocuments`). Both are functions
-of the window alone: resume is exact as without.
+Token datasets: from the document boundaries of their index (ours: the ``.idx`` document ends, which follow each
+EOS; Megatron's: the document index), so a token's id counts the documents that start in the window before it. Mock
+data: documents of random lengths up to ``seq_len // 2`` (:class:`~hybrid_jax.data.mock.MockDocuments`). Both are
+functions of the window alone: resume is exact as without.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import numpy as np
 from absl import flags
 from ml_collections import ConfigDict
 
+from hybrid_jax.data.blend import Blend, open_blend
 from hybrid_jax.data.mock import MarkovSequences, MockDocuments
-from hybrid_jax.data.shards import PreparedDataset, TokenWindows, open_dataset
+from hybrid_jax.data.source import TokenWindows
 
 _PREFETCH_BATCHES = 2  # batches read ahead per process (and per worker): each is global_batch/n x seq_len ints
 
@@ -52,66 +57,65 @@ def segment_ids_after_eos(tokens: np.ndarray, eos_id: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(ends[:-1])]).astype(np.int32)
 
 
-class _Row:
-    """A sequence -> ``{"tokens": [L]}`` (and ``"segment_ids": [L]`` with documents)."""
+class _MockRow:
+    """A mock sequence -> ``{"tokens": [L]}`` (and ``"segment_ids": [L]`` with documents)."""
 
-    def __init__(self, segments: Callable[[int, np.ndarray], np.ndarray] | None):
-        self.segments = segments
+    def __init__(self, documents: MockDocuments | None):
+        self.documents = documents
 
-    def __call__(self, index_and_tokens: tuple[int, np.ndarray]) -> dict[str, np.ndarray]:
-        index, tokens = index_and_tokens
+    def __call__(self, index: int, tokens: np.ndarray) -> dict[str, np.ndarray]:
         row = {"tokens": tokens}
-        if self.segments is not None:
-            row["segment_ids"] = self.segments(index, tokens)
+        if self.documents is not None:
+            row["segment_ids"] = self.documents(index)
         return row
 
 
-class _AfterEos:
-    def __init__(self, eos_id: int):
-        self.eos_id = eos_id
+class _WindowRow:
+    """A window index of a token dataset -> ``{"tokens": [L]}`` (and ``"segment_ids": [L]`` with documents)."""
 
-    def __call__(self, index: int, tokens: np.ndarray) -> np.ndarray:
-        return segment_ids_after_eos(tokens, self.eos_id)
+    def __init__(self, windows: TokenWindows, document_mask: bool):
+        self.windows, self.document_mask = windows, document_mask
 
-
-class _MockSegments:
-    def __init__(self, documents: MockDocuments):
-        self.documents = documents
-
-    def __call__(self, index: int, tokens: np.ndarray) -> np.ndarray:
-        return self.documents(index)
+    def __call__(self, index: int) -> dict[str, np.ndarray]:
+        row = {"tokens": self.windows[index]}
+        if self.document_mask:
+            row["segment_ids"] = self.windows.segment_ids(index)
+        return row
 
 
-def sequences(config: ConfigDict, dataset: PreparedDataset | None) -> grain.MapDataset:
+def dataset_rows(windows: TokenWindows, seed: int, document_mask: bool) -> grain.MapDataset:
+    """One dataset's endless stream of rows: its windows in a fresh seeded permutation every epoch."""
+    return grain.MapDataset.range(len(windows)).shuffle(seed=seed % 2**32).repeat().map(
+        _WindowRow(windows, document_mask))
+
+
+def sequences(config: ConfigDict, data: Blend | None) -> grain.MapDataset:
     """The global stream: an (effectively) infinite ``MapDataset`` of rows (``{"tokens": [seq_len + 1]}`` and, with
-    ``data.document_mask``, ``"segment_ids"``). ``dataset``: the opened ``data.path`` (None for mock data)."""
+    ``data.document_mask``, ``"segment_ids"``). ``data``: the opened ``data.path`` (None for mock data)."""
     length, seed = config.train.seq_len + 1, config.train.seed
     document_mask = bool(config.data.document_mask)
     if config.data.source == "mock":
+        documents = MockDocuments(length, config.train.seq_len // 2, seed) if document_mask else None
         tokens = grain.MapDataset.range(sys.maxsize).map(MarkovSequences(config.model.vocab_size, length, seed))
-        segments = _MockSegments(MockDocuments(length, config.train.seq_len // 2, seed)) if document_mask else None
-    elif config.data.source == "tokens":
-        if dataset is None:
-            raise ValueError("data.source='tokens' needs the opened data.path (hybrid_jax.data.shards.open_dataset)")
-        windows = TokenWindows(dataset, length, config.model.vocab_size)
-        tokens = grain.MapDataset.source(windows).shuffle(seed=seed % 2**32).repeat()
-        segments = _AfterEos(dataset.eos_id) if document_mask else None
-    else:
-        raise ValueError(f"unknown data.source {config.data.source!r}: expected 'mock' or 'tokens'")
-    return tokens.map_with_index(_pair).map(_Row(segments))
-
-
-def _pair(index: int, tokens: np.ndarray) -> tuple[int, np.ndarray]:
-    return index, tokens
+        return tokens.map_with_index(_MockRow(documents))
+    if config.data.source not in ("tokens", "megatron"):
+        raise ValueError(f"unknown data.source {config.data.source!r}: expected 'mock', 'tokens' or 'megatron'")
+    if data is None:
+        raise ValueError(f"data.source={config.data.source!r} needs the opened data.path "
+                         "(hybrid_jax.data.blend.open_blend)")
+    streams = [dataset_rows(TokenWindows(s, length, config.model.vocab_size), seed, document_mask)
+               for s in data.sources]
+    return streams[0] if len(streams) == 1 else grain.MapDataset.select_from_datasets(streams, data.schedule())
 
 
 class DataStream:
     """This process's batches (:class:`Batch` of numpy arrays) from global sequence ``position`` on, forever.
 
     ``position`` advances by ``train.global_batch_size`` per batch taken; :meth:`saved` is what a checkpoint
-    stores. Use as an iterator; :meth:`close` stops its prefetch threads or processes."""
+    stores; :meth:`source_tokens` says how many tokens each dataset of a blend gave so far. Use as an iterator;
+    :meth:`close` stops its prefetch threads or processes."""
 
-    def __init__(self, config: ConfigDict, dataset: PreparedDataset | None, *, position: int = 0,
+    def __init__(self, config: ConfigDict, data: Blend | None, *, position: int = 0,
                  process_index: int = 0, process_count: int = 1):
         global_batch = config.train.global_batch_size
         if global_batch % process_count:
@@ -120,7 +124,9 @@ class DataStream:
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index={process_index} is outside [0, {process_count})")
         self.config, self.position, self.global_batch = config, int(position), global_batch
-        ds = sequences(config, dataset)[self.position + process_index::process_count]
+        self._blend = data if data is not None and len(data.sources) > 1 else None
+        self._schedule = self._blend.schedule() if self._blend is not None else None
+        ds = sequences(config, data)[self.position + process_index::process_count]
         ds = ds.batch(global_batch // process_count, drop_remainder=True)
         it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=_PREFETCH_BATCHES))
         if config.data.num_workers > 0:
@@ -134,8 +140,8 @@ class DataStream:
     def open(cls, config: ConfigDict, *, position: int = 0, process_index: int = 0, process_count: int = 1
              ) -> DataStream:
         """The stream of ``config``, opening ``data.path`` itself (a tool or benchmark without a preflight)."""
-        dataset = open_dataset(config.data.path) if config.data.source == "tokens" else None
-        return cls(config, dataset, position=position, process_index=process_index, process_count=process_count)
+        data = None if config.data.source == "mock" else open_blend(config.data.path, config.data.source)
+        return cls(config, data, position=position, process_index=process_index, process_count=process_count)
 
     def __iter__(self) -> DataStream:
         return self
@@ -148,6 +154,14 @@ class DataStream:
     def saved(self) -> dict:
         """The position as a checkpoint saves it: sequences consumed, of which length and seed."""
         return dict(sequences=self.position, seq_len=self.config.train.seq_len, seed=self.config.train.seed)
+
+    def source_tokens(self) -> dict[str, int]:
+        """For a blend, ``{"data_tokens/LABEL": tokens}``: each dataset's tokens trained on so far (its sequences among
+        the ``position`` consumed, times ``seq_len``), computed in O(1) of the position; empty otherwise."""
+        if self._schedule is None:
+            return {}
+        counts = self._schedule.counts(self.position) * self.config.train.seq_len
+        return {f"data_tokens/{label}": int(n) for label, n in zip(self._blend.labels, counts, strict=True)}
 
     def close(self) -> None:
         close = getattr(self._it, "close", None)

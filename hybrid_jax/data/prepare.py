@@ -11,7 +11,8 @@ Sources (:func:`open_documents`), each yielding the ``text`` column (``--text-co
 Documents are tokenized in worker processes (in document order, so the output does not depend on the
 worker count), EOS is appended to each, and the tokens are appended to shards of about ``shard_tokens``
 tokens. ``manifest.json`` is written last, by atomic rename: an interrupted run leaves no manifest and the
-training pipeline refuses the directory.
+training pipeline refuses the directory. ``output_format="megatron"`` writes Megatron-LM's ``PREFIX.bin/.idx``
+instead (:mod:`hybrid_jax.data.megatron`; the index last, likewise), so one tokenized copy serves both frameworks.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from hybrid_jax.data.megatron import MegatronWriter, claim_prefix
 from hybrid_jax.data.shards import FORMAT, MANIFEST, OFFSET_DTYPE, TOKEN_DTYPE, shard_name
 from hybrid_jax.data.tokenizer import Tokenizer, detect_kind, file_sha256, load_tokenizer, resolve_path
 
@@ -243,18 +245,24 @@ def prepare(
     shard_tokens: int = 1 << 28,
     source: str = "",
     progress: bool = True,
+    output_format: str = "tokens",
 ) -> dict[str, Any]:
     """Tokenize ``documents`` into ``output``; returns the manifest (plus ``seconds``, not stored).
 
     Null texts are left out (not made empty documents) and counted in the manifest's ``null_texts_skipped``; a
     text that is not a string is a ValueError naming the document.
 
-    ``workers <= 1`` tokenizes in this process; more starts that many worker processes.
+    ``workers <= 1`` tokenizes in this process; more starts that many worker processes. ``output_format``:
+    ``tokens`` (our shards in the directory ``output``) or ``megatron`` (``output`` is the path prefix; no manifest).
     """
     tokenizer_file = resolve_path(tokenizer_path).resolve()
     tokenizer = load_tokenizer(tokenizer_file)
     out = Path(output)
-    _claim_output(out, force)
+    megatron = output_format == "megatron"
+    if megatron:
+        claim_prefix(out, force)
+    else:
+        _claim_output(out, force)
     nulls = [0]
     texts, total = checked_texts(documents.texts, source, nulls), documents.total
     if limit_docs is not None:
@@ -262,7 +270,7 @@ def prepare(
         total = limit_docs if total is None else min(total, limit_docs)
 
     start = time.perf_counter()
-    writer = _ShardWriter(out, shard_tokens)
+    writer = MegatronWriter(out, tokenizer.vocab_size) if megatron else _ShardWriter(out, shard_tokens)
     num_docs = num_tokens = 0
     pool = None
     if workers > 1:
@@ -290,19 +298,23 @@ def prepare(
         nulls_note = f" ({nulls[0]} null texts)" if nulls[0] else ""
         raise ValueError(f"{source or 'the input'} has no documents{nulls_note}")
 
+    if megatron:
+        writer.finish()
     manifest = dict(
-        format=FORMAT,
+        format="megatron" if megatron else FORMAT,
         source=source,
         num_documents=num_docs,
         null_texts_skipped=nulls[0],  # rows whose text was null: left out, not made empty documents
         num_tokens=num_tokens,
-        dtype=TOKEN_DTYPE.name,
+        dtype=writer.dtype.name if megatron else TOKEN_DTYPE.name,
         tokenizer=dict(path=str(tokenizer_file), sha256=file_sha256(tokenizer_file), kind=detect_kind(tokenizer_file)),
         vocab_size=tokenizer.vocab_size,
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,
-        shards=writer.shards,
+        shards=[f"{out}.bin"] if megatron else writer.shards,
     )
+    if megatron:  # the format has no place for the manifest: the summary is returned only
+        return {**manifest, "seconds": seconds}
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, out / MANIFEST)

@@ -1,7 +1,8 @@
 """The tokenizer of a run: ``data.tokenizer``, or the one its prepared dataset's manifest records.
 
 A run trained with ``data.source=tokens`` and no ``data.tokenizer`` still knows its tokenizer: ``prepare`` wrote
-the file's path and sha256 into ``DATA/manifest.json``. The trainer fills ``data.tokenizer`` from there before it
+the file's path and sha256 into ``DATA/manifest.json`` (a Megatron dataset records none: such a run needs
+``data.tokenizer``). The trainer fills ``data.tokenizer`` from there before it
 saves the run's config (:func:`tokenizer_from_manifest`), and the tools that read a run (generate, eval, explore,
 export) call :func:`run_tokenizer_path`, which also finds it for runs saved before the trainer did so.
 """
@@ -60,21 +61,28 @@ def tokenizer_from_manifest(manifest: dict, data_path: str | Path) -> RunTokeniz
 
 
 def run_tokenizer_path(config: ConfigDict) -> str | None:
-    """``data.tokenizer`` if set; else, for ``data.source=tokens``, the manifest's tokenizer; None for mock data.
+    """``data.tokenizer`` if set; else the manifest's tokenizer of ``data.path`` (of its first prepared dataset, in a
+    blend); None for mock data.
 
-    Raises :class:`NoTokenizer` when the run trained on prepared tokens but its tokenizer cannot be found.
+    Raises :class:`NoTokenizer` when the run trained on token data but its tokenizer cannot be found (a Megatron
+    dataset records none).
     """
     if config.data.tokenizer:
         return config.data.tokenizer
-    if config.data.source != "tokens":
+    if config.data.source == "mock":
         return None
+    paths = config.data.path.split()[1::2] or [config.data.path]  # a blend's paths, or the one path
+    prepared = [p for p in paths if Path(p).is_dir() or not Path(f"{p}.idx").exists()]
+    if not prepared:
+        raise NoTokenizer(f"the run trained on the Megatron dataset {paths[0]}, which records no tokenizer, and "
+                          "data.tokenizer is empty: pass the tokenizer file it was tokenized with")
     try:
-        manifest = read_manifest(config.data.path)
+        manifest = read_manifest(prepared[0])
     except (FileNotFoundError, ValueError) as e:
-        raise NoTokenizer(f"the run trained on {config.data.path}, whose manifest cannot be read "
+        raise NoTokenizer(f"the run trained on {prepared[0]}, whose manifest cannot be read "
                           f"({e.__class__.__name__}), and data.tokenizer is empty: pass the tokenizer file it was "
                           "prepared with") from None
-    return tokenizer_from_manifest(manifest, config.data.path).path
+    return tokenizer_from_manifest(manifest, prepared[0]).path
 
 
 def run_tokenizer(config: ConfigDict) -> Tokenizer | None:

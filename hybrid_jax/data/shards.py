@@ -1,5 +1,5 @@
-"""On-disk format of a prepared token dataset, opening it (checked against its manifest), and random access to its
-training windows.
+"""On-disk format of a prepared token dataset and opening it (checked against its manifest) as a
+:class:`~hybrid_jax.data.source.TokenSource`.
 
 A dataset directory holds::
 
@@ -13,17 +13,21 @@ documents joined end to end, windows that ignore document (and record) boundarie
 ``np.memmap`` gives every window in O(1) as one contiguous slice (two at a shard boundary) with no
 decoding, no per-record overhead and no copy beyond the window itself; ArrayRecord would store documents as
 records, so a window would need several record reads plus a concatenation. uint32 holds any vocabulary
-(Llama-3 has 128,256 ids, over uint16). The ``.idx`` document offsets keep documents recoverable.
+(Llama-3 has 128,256 ids, over uint16). The ``.idx`` document offsets keep documents recoverable and give the
+document boundaries of ``data.document_mask``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hybrid_jax.data.source import DatasetError, TokenFile, TokenSource
 
 MANIFEST = "manifest.json"
 FORMAT = "hybrid_jax.tokens/1"
@@ -31,10 +35,6 @@ TOKEN_DTYPE = np.dtype("<u4")
 OFFSET_DTYPE = np.dtype("<u8")
 _KEYS = {"format": str, "num_tokens": int, "vocab_size": int, "eos_id": int, "tokenizer": dict, "shards": list}
 _SHARD_KEYS = {"tokens": str, "index": str, "num_tokens": int}
-
-
-class DatasetError(ValueError):
-    """A prepared dataset that cannot be read as its manifest describes it; the message says what and what to do."""
 
 
 def shard_name(index: int) -> str:
@@ -66,11 +66,24 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class PreparedDataset:
+class PreparedDataset(TokenSource):
     """A prepared dataset opened once: its manifest, checked against the shard files on disk."""
 
     directory: str
     manifest: dict
+    format = "hybrid_jax"
+
+    @property
+    def path(self) -> str:
+        return self.directory
+
+    @property
+    def num_documents(self) -> int:
+        return sum(int(s.get("num_documents", 0)) for s in self.manifest["shards"])
+
+    @property
+    def id_remedy(self) -> str:
+        return "the data was prepared with another tokenizer than its manifest says: prepare it again"
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +108,35 @@ class PreparedDataset:
     def shard_tokens(self) -> np.ndarray:
         """``[num_shards]`` int64: tokens per shard."""
         return np.asarray([s["num_tokens"] for s in self.manifest["shards"]], dtype=np.int64)
+
+    def token_files(self) -> list[TokenFile]:
+        return [TokenFile(p, TOKEN_DTYPE, int(n)) for p, n in zip(self.shard_paths(), self.shard_tokens(), strict=True)]
+
+    def document_starts(self, lo: int, hi: int) -> np.ndarray:
+        """A shard holds whole documents: its start and its documents' ends (its ``.idx``) start documents."""
+        starts, ends = self._document_ends
+        found = []
+        for s in range(int(np.searchsorted(starts, lo, side="right")) - 1, len(ends)):
+            if starts[s] >= hi:
+                break
+            inside = ends[s][np.searchsorted(ends[s], lo - starts[s], side="right"):
+                             np.searchsorted(ends[s], hi - starts[s], side="left")]
+            found += [starts[s : s + 1], starts[s] + inside]
+        found = np.concatenate(found)
+        return found[(found > lo) & (found < hi)]
+
+    @functools.cached_property
+    def _document_ends(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``[num_shards + 1]`` shard starts in the joined stream and each shard's document ends (its ``.idx``,
+        memory-mapped once per process)."""
+        ends = [np.memmap(Path(self.directory) / s["index"], dtype="<i8", mode="r") for s in self.manifest["shards"]]
+        return np.concatenate([[0], np.cumsum(self.shard_tokens())]), ends
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_document_ends"}
+
+    def describe(self) -> str:
+        return f"{self.directory} ({self.num_tokens:,} tokens)"
 
 
 def open_dataset(directory: str | Path) -> PreparedDataset:
@@ -125,54 +167,3 @@ def read_documents(directory: str | Path) -> list[np.ndarray]:
         ends = np.fromfile(directory / shard["index"], dtype=OFFSET_DTYPE)
         docs.extend(np.split(tokens, ends[:-1].astype(np.int64)))
     return docs
-
-
-class TokenWindows:
-    """Grain random-access source: window ``w`` is tokens ``[w*length, (w+1)*length)`` of the joined shards.
-
-    The tail shorter than ``length`` is dropped (no padding). Shards are memory-mapped lazily in each process, so
-    the source pickles cheaply into Grain worker processes. A window holding an id ``>= vocab_size`` (a dataset
-    prepared with a larger vocabulary than its manifest says) is a :class:`DatasetError` naming the shard.
-
-    Args:
-      dataset: an opened prepared dataset.
-      length: tokens per window, ``seq_len + 1``.
-      vocab_size: ids must be below it (the model's embedding rows).
-    """
-
-    def __init__(self, dataset: PreparedDataset, length: int, vocab_size: int):
-        self.directory, self.length, self.vocab_size = dataset.directory, length, vocab_size
-        self._paths = dataset.shard_paths()
-        self._starts = np.concatenate([[0], np.cumsum(dataset.shard_tokens())])  # [num_shards + 1] token offsets
-        self._len = int(self._starts[-1]) // self.length
-        if self._len == 0:
-            raise DatasetError(f"{self.directory} holds {self._starts[-1]} tokens, fewer than one window "
-                               f"({self.length})")
-        self._maps: list[np.ndarray] | None = None
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        """Window ``index`` -> ``[length]`` int32."""
-        if not 0 <= index < self._len:
-            raise IndexError(f"window {index} out of range [0, {self._len})")
-        if self._maps is None:
-            self._maps = [np.memmap(p, dtype=TOKEN_DTYPE, mode="r") for p in self._paths]
-        start, stop = index * self.length, (index + 1) * self.length
-        shard = int(np.searchsorted(self._starts, start, side="right")) - 1
-        pieces = []
-        while start < stop:
-            lo = start - self._starts[shard]
-            hi = min(stop, self._starts[shard + 1]) - self._starts[shard]
-            pieces.append(self._maps[shard][lo:hi])
-            start, shard = self._starts[shard] + hi, shard + 1
-        window = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-        if int(window.max()) >= self.vocab_size:
-            raise DatasetError(f"{self.directory}: window {index} holds token id {int(window.max())}, not below "
-                               f"model.vocab_size={self.vocab_size}; the data was prepared with another tokenizer "
-                               "than its manifest says: prepare it again")
-        return window.astype(np.int32)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": None}

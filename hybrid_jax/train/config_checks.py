@@ -13,7 +13,7 @@ from hybrid_jax.model.plan import sublayer_kinds
 
 KERNEL_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
 REMAT_MODES = ("none", "mixer", "full")
-DATA_SOURCES = ("mock", "tokens")
+DATA_SOURCES = ("mock", "tokens", "megatron")
 MAY_BE_ZERO = frozenset({"chunk_size"})  # 0: tuned per GPU and mixer
 _SIZE_WORDS = ("size", "dim", "heads", "rank", "layers", "groups", "expand", "vocab")
 
@@ -105,6 +105,9 @@ def check_config(config: ConfigDict, batch_shards: int) -> int:
     _one_of("data.source", d.source, DATA_SOURCES)
     if d.source == "tokens" and not d.path:
         raise ConfigError("data.source='tokens' needs data.path: the --output directory of hybrid_jax.prepare")
+    if d.source == "megatron" and not d.path:
+        raise ConfigError("data.source='megatron' needs data.path: a Megatron dataset's path prefix (PREFIX.bin and "
+                          "PREFIX.idx) or a blend such as '0.7 data/a 0.3 data/b'")
     if d.source == "mock" and config.model.vocab_size <= 4:
         raise ConfigError(f"mock data needs model.vocab_size > 4, got {config.model.vocab_size}")
     if d.validation_path == "mock" and d.source != "mock":

@@ -91,7 +91,7 @@ def _run(config, trainer, state, stream, ckpt, heldout, workdir, stop_after, log
                 stopping = stop.should_stop(step, log_point=logged, manager=ckpt.manager)
                 if logged or stopping:  # the step a run stops at is logged too
                     values = {k: v.item() for k, v in jax.device_get(metrics).items() if k != "finite"}
-                    record = logger.log(step, values)
+                    record = logger.log(step, {**values, **stream.source_tokens()})
                 if ckpt.save(step, state, stream.saved(), force=step == last or stopping):
                     progress.saving(step, ckpt.directory)
                 if evaluator is not None and (step % t.eval_every == 0 or step == last or stopping):

@@ -1,6 +1,7 @@
 """Everything a run reads, read once and checked before anything is built: the config's values, the model's shapes,
-the training data (manifest and shard files), the tokenizer, the held-out data, the kernels' tuning file, then, under
-the workdir's lock, the checkpoint to resume from (its checksums, shapes and config).
+the training data (each dataset of ``data.path``: a manifest and its shard files, or a Megatron ``.idx`` and its
+``.bin``), the tokenizer, the held-out data, the kernels' tuning file, then, under the workdir's lock, the
+checkpoint to resume from (its checksums, shapes and config).
 
 Every problem is one line (:class:`~hybrid_jax.train.config_checks.ConfigError` or one of
 ``hybrid_jax.checkpoints.RUN_ERRORS``) and a refusal changes nothing on disk: a workdir this run created is removed
@@ -15,15 +16,17 @@ import shutil
 from pathlib import Path
 
 import jax
+import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax.checkpoints import ResumePlan, WorkdirLock, plan_resume
 from hybrid_jax.checkpoints.storage import check_writable
+from hybrid_jax.data.blend import Blend, open_blend
 from hybrid_jax.data.heldout import heldout_windows
 from hybrid_jax.data.pipeline import Batch
 from hybrid_jax.data.run_tokenizer import NoTokenizer, RunTokenizer, tokenizer_from_manifest
-from hybrid_jax.data.shards import PreparedDataset, open_dataset
+from hybrid_jax.data.source import DatasetError, TokenSource
 from hybrid_jax.data.tokenizer import check_vocab, resolve_path
 from hybrid_jax.model import HybridLM, layer_plan
 from hybrid_jax.train.config_checks import ConfigError, check_config, clamp_warmup
@@ -32,12 +35,13 @@ from hybrid_jax.train.step import mesh as mesh_lib
 
 @dataclasses.dataclass
 class Preflight:
-    """What the checks opened: ``dataset`` (None for mock data), ``tokenizer`` (None without one), ``heldout``
+    """What the checks opened: ``dataset`` (the datasets of ``data.path``, a blend of one or more; None for mock
+    data), ``tokenizer`` (None without one), ``heldout``
     (``[batches, batch, seq_len + 1]`` validation windows, or None), the held ``lock``, the resume ``plan``, and the
     ``notes`` to print."""
 
     notes: list[str]
-    dataset: PreparedDataset | None
+    dataset: Blend | None
     tokenizer: RunTokenizer | None
     heldout: Batch | None
     lock: WorkdirLock
@@ -121,8 +125,9 @@ def _check_memory(config: ConfigDict, params: dict, data: int, fsdp: int, force:
                       "(mesh.fsdp), or pass --force to try anyway")
 
 
-def _open_data(config: ConfigDict) -> tuple[PreparedDataset | None, RunTokenizer | None, list[str]]:
-    """The training dataset (opened once) and the run's tokenizer (hashed once); fills ``data.tokenizer``."""
+def _open_data(config: ConfigDict) -> tuple[Blend | None, RunTokenizer | None, list[str]]:
+    """The training data (each dataset of ``data.path`` opened once) and the run's tokenizer (hashed once); fills
+    ``data.tokenizer`` from a prepared dataset's manifest."""
     d, t = config.data, config.train
     tokenizer = None
     if d.tokenizer:
@@ -130,31 +135,58 @@ def _open_data(config: ConfigDict) -> tuple[PreparedDataset | None, RunTokenizer
             tokenizer = RunTokenizer.of(str(resolve_path(d.tokenizer)))
         except FileNotFoundError as e:
             raise ConfigError(f"data.tokenizer: {e}") from None
-    if d.source != "tokens":
+    if d.source == "mock":
         return None, tokenizer, [] if tokenizer else ["data: mock (a random Markov chain); the run has no tokenizer"]
     try:
-        dataset = open_dataset(d.path)
-        check_vocab(config.model.vocab_size, dataset.vocab_size, what=f"the tokenizer of {d.path}")
+        data = open_blend(d.path, d.source)
+        for source in data.sources:
+            _check_ids(config, source)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"data.path: {e}") from None
-    windows = dataset.num_tokens // (t.seq_len + 1)
+    windows = min(s.num_tokens // (t.seq_len + 1) for s in data.sources)
     if windows < t.global_batch_size:
-        raise ConfigError(f"data.path={d.path} holds {dataset.num_tokens:,} tokens: {windows} windows of "
+        small = min(data.sources, key=lambda s: s.num_tokens)
+        raise ConfigError(f"data.path={small.path} holds {small.num_tokens:,} tokens: {windows} windows of "
                           f"train.seq_len + 1 = {t.seq_len + 1}, fewer than one batch (train.global_batch_size="
                           f"{t.global_batch_size}); prepare more documents or lower the batch or seq_len")
-    recorded = dataset.tokenizer
-    about = f"data: {d.path} ({dataset.num_tokens:,} tokens), tokenizer"
+    notes = data.describe()
+    prepared = [s for s in data.sources if s.tokenizer is not None]
     if tokenizer is not None:
-        if tokenizer.sha256 != recorded.get("sha256"):
-            raise ConfigError(f"data.tokenizer={d.tokenizer} is not the tokenizer {d.path} was prepared with "
-                              f"({recorded.get('path')}, sha256 {str(recorded.get('sha256'))[:12]}...)")
-        return dataset, tokenizer, [f"{about} {d.tokenizer}"]
+        for source in prepared:
+            recorded = source.tokenizer
+            if tokenizer.sha256 != recorded.get("sha256"):
+                raise ConfigError(f"data.tokenizer={d.tokenizer} is not the tokenizer {source.path} was prepared "
+                                  f"with ({recorded.get('path')}, sha256 {str(recorded.get('sha256'))[:12]}...)")
+        return data, tokenizer, notes + [f"tokenizer: {d.tokenizer}"]
+    if not prepared:
+        return data, None, notes + ["warning: a Megatron dataset records no tokenizer and data.tokenizer is empty: "
+                                    "the run records none (set data.tokenizer for generate, eval and export)"]
+    if len({s.tokenizer.get("sha256") for s in prepared}) > 1:
+        raise ConfigError(f"data.path: {prepared[0].path} and {prepared[1].path} were prepared with different "
+                          "tokenizers; blend datasets of one tokenizer")
     try:
-        tokenizer = tokenizer_from_manifest(dataset.manifest, d.path)
+        tokenizer = tokenizer_from_manifest(prepared[0].manifest, prepared[0].path)
     except NoTokenizer as e:
-        return dataset, None, [f"warning: {e}; until then the run records no tokenizer"]
+        return data, None, notes + [f"warning: {e}; until then the run records no tokenizer"]
     d.tokenizer = tokenizer.path
-    return dataset, tokenizer, [f"{about} {d.tokenizer} (from its manifest)"]
+    return data, tokenizer, notes + [f"tokenizer: {d.tokenizer} (from its manifest)"]
+
+
+ID_SAMPLE = 1 << 20  # tokens of a dataset without a recorded vocabulary read at the start for ids >= vocab_size
+
+
+def _check_ids(config: ConfigDict, source: TokenSource) -> None:
+    """A recorded vocabulary must fit ``model.vocab_size``; without one (Megatron's), the first :data:`ID_SAMPLE`
+    tokens are checked (every window is checked again as it is read)."""
+    if source.vocab_size is not None:
+        check_vocab(config.model.vocab_size, source.vocab_size, what=f"the tokenizer of {source.path}")
+        return
+    first = source.token_files()[0]
+    sample = np.memmap(first.path, dtype=first.dtype, mode="r", shape=(min(first.num_tokens, ID_SAMPLE),))
+    if sample.size and (int(sample.max()) >= config.model.vocab_size or int(sample.min()) < 0):
+        bad = int(sample.max()) if int(sample.max()) >= config.model.vocab_size else int(sample.min())
+        raise DatasetError(f"{source.path} holds token id {bad}, not in [0, model.vocab_size={config.model.vocab_size})"
+                           f"; {source.id_remedy}")
 
 
 def _heldout(config: ConfigDict, batch_shards: int, tokenizer: RunTokenizer | None) -> tuple[Batch, str]:

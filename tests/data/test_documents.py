@@ -1,5 +1,6 @@
-"""``data.document_mask``: batches carry per-token segment ids beside the tokens, from the documents' EOS (prepared
-tokens) or random document lengths (mock); the tokens are those of the plain stream and resume is exact."""
+"""``data.document_mask``: batches carry per-token segment ids beside the tokens, from the dataset's document index
+(prepared tokens: a document starts right after each EOS) or random document lengths (mock); the tokens are those of
+the plain stream and resume is exact."""
 
 import numpy as np
 import pytest

@@ -5,7 +5,8 @@ import pytest
 
 from hybrid_jax.data import DataStream
 from hybrid_jax.data.prepare import Documents, prepare
-from hybrid_jax.data.shards import DatasetError, TokenWindows, open_dataset, read_documents
+from hybrid_jax.data.shards import open_dataset, read_documents
+from hybrid_jax.data.source import DatasetError, TokenWindows
 from tests.data.util import sample_documents, small_config, tiny_hf_tokenizer
 
 SEQ = 16  # windows of 17 tokens

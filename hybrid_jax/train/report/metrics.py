@@ -2,8 +2,10 @@
 
 Each logged step is one JSON line with ``step, loss, grad_norm, lr, tokens_per_s, tokens_per_s_per_device,
 mfu, memory_gib, peak_memory_gib, skipped`` (``mfu`` and the memory fields are null where the device does
-not report them, e.g. CPU). Throughput is measured between log points, over whole steps: the time of the
-steps since the previous log, after the device finished them. A validation is its own line,
+not report them, e.g. CPU); a run on a blend of datasets adds ``data_tokens/LABEL`` per dataset, the tokens it
+gave so far (:meth:`~hybrid_jax.data.pipeline.DataStream.source_tokens`; TensorBoard ``train/data_tokens/LABEL``).
+Throughput is measured between log points, over whole steps: the time of the steps since the previous log, after the
+device finished them. A validation is its own line,
 ``{"step", "val_loss", "val_ppl"}`` (TensorBoard ``val/loss``, ``val/ppl``).
 
 On resume from step ``N`` the lines past ``N`` (written by the run that was interrupted after its checkpoint) are
