@@ -19,7 +19,8 @@ from hybrid_jax.train.step.optim import decays
 
 
 def param_decays(name: str, ndim: int) -> bool:
-    """Our weight-decay rule (:func:`hybrid_jax.train.step.optim.decays`) for a PyTorch parameter name (``a.b.A_log``)."""
+    """Our weight-decay rule (:func:`hybrid_jax.train.step.optim.decays`) for a PyTorch parameter name
+    (``a.b.A_log``)."""
     return decays(name.rsplit(".", 1)[-1], ndim)
 
 
