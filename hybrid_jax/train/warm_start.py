@@ -29,7 +29,7 @@ def write_workdir(config: ConfigDict, params: dict, workdir: str | Path) -> None
     if saved_steps(workdir):
         raise FileExistsError(f"{workdir / 'checkpoints'} already holds checkpoints; import into an empty workdir")
     workdir.mkdir(parents=True, exist_ok=True)
-    trainer = build_trainer(config)
+    trainer = build_trainer(config, jax.devices()[:1])  # the state's values only: any mesh restores them
     state = trainer.state
     imported = jax.tree_util.tree_map_with_path(lambda p, x: params[_dotted(p)].astype(x.dtype), state["params"])
     state["params"] = jax.device_put(imported, trainer.shardings["params"])

@@ -9,7 +9,7 @@ from tests.conftest import REPO
 INFERENCE_MODULES = ["hybrid_jax.checkpoints", "hybrid_jax.export.__main__", "hybrid_jax.export.writer",
                      "hybrid_jax.eval.__main__", "hybrid_jax.eval.run", "hybrid_jax.eval.lm", "hybrid_jax.generate",
                      "hybrid_jax.explore"]
-INFERENCE_FILES = ["hybrid_jax/checkpoints.py", "hybrid_jax/generate.py", "hybrid_jax/explore.py",
+INFERENCE_FILES = ["hybrid_jax/checkpoints", "hybrid_jax/generate.py", "hybrid_jax/explore",
                    "hybrid_jax/export", "hybrid_jax/eval"]
 # The one exception: importing an FLA checkpoint writes a training start (with an optimizer state), in
 # ``import_fla`` itself; export, eval, generate and explore never reach it.
