@@ -187,12 +187,15 @@ def mean_loss(logits_fn: Callable[[np.ndarray], np.ndarray], docs: list[list[int
     return losses
 
 
-def hf_logits_fn(hf_dir: str) -> Callable[[np.ndarray], np.ndarray]:
-    """``tokens [1,T] -> logits [1,T,V]`` of an exported HF directory (transformers, float32, CPU)."""
+def hf_logits_fn(hf_dir: str, trust_remote_code: bool = False) -> Callable[[np.ndarray], np.ndarray]:
+    """``tokens [1,T] -> logits [1,T,V]`` of an exported HF directory (transformers, float32, CPU), loaded by
+    :func:`hybrid_jax.export.hf_load.load_export` (our exports with our code; another directory's code only with
+    ``trust_remote_code``)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True, dtype=torch.float32).eval()
+    from hybrid_jax.export.hf_load import load_export
+
+    model = load_export(hf_dir, trust_remote_code=trust_remote_code, note=lambda line: print(line, file=sys.stderr))
 
     def logits(tokens: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -232,7 +235,7 @@ def check(model: HybridLM, config: ConfigDict, codec: Codec, args: argparse.Name
           f"(per document: {', '.join(f'{x:.3f}' for x in result['loss'])})")
     print(f"greedy: {codec.text(prompt)!r} -> {codec.text(result['greedy'])!r}")
     if args.hf:
-        hf = hf_logits_fn(args.hf)
+        hf = hf_logits_fn(args.hf, args.trust_remote_code)
         result["hf_loss"] = mean_loss(hf, docs)
         result["hf_greedy"] = greedy_full(hf, prompt, len(result["greedy"]))
         same = "same" if result["hf_greedy"] == result["greedy"] else "DIFFERENT"
@@ -256,6 +259,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chat", action="store_true", help="interactive: each stdin line is a turn")
     p.add_argument("--check", action="store_true", help="validation loss + greedy continuation of a fixed prompt")
     p.add_argument("--hf", default=None, help="with --check: an exported HF directory to check as well")
+    p.add_argument("--trust-remote-code", action="store_true", help="with --hf: run the directory's own modeling "
+                   "code (our exports load with this package's code without it)")
     p.add_argument("--docs", default=None, help="with --check: validation documents (jsonl with 'text'); needed "
                    "unless the run used mock data")
     p.add_argument("--check-docs", type=int, default=4, help="with --check: number of validation documents")

@@ -20,6 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", help="training run directory (the JAX model is scored unless --hf is given)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     p.add_argument("--hf", metavar="EXPORT_DIR", help="score this exported HF directory (lm-eval 'hf' model)")
+    p.add_argument("--trust-remote-code", action="store_true", help="with --hf: run the directory's own modeling code "
+                   "(our exports load with this package's code without it)")
     p.add_argument("--tasks", help="comma-separated lm-eval task names (required unless --write-tasks)")
     p.add_argument("--limit", type=int, default=None, help="documents per task")
     p.add_argument("--batch-size", type=int, default=8)
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         record = evaluate(tasks=[t for t in args.tasks.split(",") if t], workdir=args.workdir, step=args.step,
                           hf_dir=args.hf, limit=args.limit, batch_size=args.batch_size, num_fewshot=args.num_fewshot,
-                          data_dir=args.data_dir)
+                          data_dir=args.data_dir, trust_remote_code=args.trust_remote_code)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     for task, metrics in record["results"].items():

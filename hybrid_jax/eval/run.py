@@ -41,10 +41,13 @@ def task_manager(tasks: list[str], data_dir: str | Path | None, scratch: Path):
 
 def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int | None = None,
              hf_dir: str | Path | None = None, limit: int | None = None, batch_size: int = 8,
-             num_fewshot: int | None = None, data_dir: str | Path | None = None, seed: int = 1234) -> dict:
-    """Evaluate the checkpoint of ``workdir`` (JAX) or the export ``hf_dir`` (lm-eval's ``hf`` model with
-    ``trust_remote_code``) on ``tasks``. Returns ``{"backend", "step", "tasks", "limit", "results": {task: metrics}}``
-    and writes it as ``WORKDIR/eval/step_<N>_jax.json`` (``HF_DIR/eval_results.json`` for an export)."""
+             num_fewshot: int | None = None, data_dir: str | Path | None = None, seed: int = 1234,
+             trust_remote_code: bool = False) -> dict:
+    """Evaluate the checkpoint of ``workdir`` (JAX) or the export ``hf_dir`` (lm-eval's ``hf`` model on the model
+    :func:`hybrid_jax.export.hf_load.load_export` gives: our exports with our own modeling code, another directory's
+    code only with ``trust_remote_code``) on ``tasks``. Returns ``{"backend", "step", "tasks", "limit", "results":
+    {task: metrics}}`` and writes it as ``WORKDIR/eval/step_<N>_jax.json`` (``HF_DIR/eval_results.json`` for an
+    export)."""
     import tempfile
 
     import lm_eval
@@ -54,16 +57,21 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
     backend = "hf" if hf_dir else "jax"
     if hf_dir:
         import torch
+        from lm_eval.models.huggingface import HFLM
+        from transformers import AutoTokenizer
 
         from hybrid_jax.export.hf import NO_POSITION_LIMIT
+        from hybrid_jax.export.hf_load import load_export
 
-        model = "hf"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         # the exported model computes every position on the fly (recurrent state, RoPE/YaRN angles), so lm-eval's
         # max_length (else read from max_position_embeddings, the training seq_len in older exports) must never make
         # it refuse a long continuation: lm-eval asserts on a continuation longer than max_length
-        model_args = dict(pretrained=str(hf_dir), trust_remote_code=True, dtype="float32",
-                          device="cuda" if torch.cuda.is_available() else "cpu",
-                          max_length=max(_export_positions(hf_dir), NO_POSITION_LIMIT))
+        max_length = max(_export_positions(hf_dir), NO_POSITION_LIMIT)
+        hf = load_export(hf_dir, trust_remote_code=trust_remote_code).to(device)
+        model = HFLM(pretrained=hf, tokenizer=AutoTokenizer.from_pretrained(hf_dir), batch_size=batch_size,
+                     device=device, max_length=max_length)
+        model_args = None
     else:
         model, step = _jax_lm(workdir, step, batch_size)
         model_args = None

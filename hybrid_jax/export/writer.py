@@ -123,7 +123,9 @@ def model_card(config: ConfigDict, *, fmt: str, dtype: str, step: int | None, me
     losses = [r for r in metrics if r.get("loss") is not None]
     final = f"{losses[-1]['loss']:.4f} (step {losses[-1]['step']})" if losses else "not recorded (no metrics.jsonl)"
     load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)"
+            "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)  # runs DIR/modeling_hybrid.py\n"
+            "# with hybrid_jax installed, without running the directory's code:\n"
+            "# from hybrid_jax.export.hf_load import load_export; model = load_export(DIR)"
             + ("\ntokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # else transformers asks"
                if d.tokenizer else "")
             if fmt == "hf" else
