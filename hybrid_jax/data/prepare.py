@@ -112,13 +112,22 @@ def _read_file(path: str, column: str) -> Iterator[str]:
         for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=1024):
             yield from batch.column(0).to_pylist()
         return
-    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte {raw[e.start]:#04x} at column "
+                                 f"{e.start + 1}); convert the file to UTF-8") from None
+            if not line.strip():
+                continue
+            try:
                 row = json.loads(line)
-                if column not in row:
-                    raise KeyError(f"{path}:{line_no} has no {column!r} field (set --text-column)")
-                yield row[column]
+            except ValueError as e:
+                raise ValueError(f"{path}:{line_no}: not a JSON object ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict) or column not in row:
+                raise ValueError(f"{path}:{line_no} has no {column!r} field (set --text-column)")
+            yield row[column]
 
 
 def _tfds_documents(name: str, split: str, data_dir: str | None, column: str) -> Documents:
@@ -259,10 +268,34 @@ def prepare(
     tokenizer = load_tokenizer(tokenizer_file)
     out = Path(output)
     megatron = output_format == "megatron"
+    folder = out.parent if megatron else out
+    created = not folder.exists()
     if megatron:
         claim_prefix(out, force)
     else:
         _claim_output(out, force)
+    try:
+        return _prepare(documents, tokenizer_file, tokenizer, out, megatron, workers=workers, limit_docs=limit_docs,
+                        shard_tokens=shard_tokens, source=source, progress=progress)
+    except BaseException:
+        _remove_written(out, megatron, folder if created else None)
+        raise
+
+
+def _remove_written(out: Path, megatron: bool, created: Path | None) -> None:
+    """Undo a failed prepare: the files it wrote, and the folder when it created it."""
+    if megatron:
+        for suffix in (".bin", ".idx", ".idx.tmp"):
+            Path(f"{out}{suffix}").unlink(missing_ok=True)
+    else:
+        for path in itertools.chain(out.glob("shard-*"), out.glob(MANIFEST + "*")):
+            path.unlink(missing_ok=True)
+    if created is not None and created.is_dir() and not any(created.iterdir()):
+        created.rmdir()
+
+
+def _prepare(documents: Documents, tokenizer_file: Path, tokenizer: Tokenizer, out: Path, megatron: bool, *,
+             workers: int, limit_docs: int | None, shard_tokens: int, source: str, progress: bool) -> dict[str, Any]:
     nulls = [0]
     texts, total = checked_texts(documents.texts, source, nulls), documents.total
     if limit_docs is not None:

@@ -6,6 +6,7 @@ float32 numpy arrays in our layouts (Linear ``kernel [in, out]``, conv ``kernel 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,9 @@ def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str = "f
     torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
     save_file({k: torch.from_numpy(np.array(v, np.float32)).to(torch_dtype) for k, v in tensors.items()}, str(path),
               metadata={"format": "pt"})
+    umask = os.umask(0o022)  # safetensors writes its file 0600: give it the mode every other file of the export gets
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def load_safetensors(directory: Path) -> dict[str, np.ndarray]:

@@ -61,21 +61,24 @@ def test_jsonl_limit_and_cli(tmp_path, tokenizer, capsys):
     assert read_manifest(tmp_path / "out")["num_documents"] == len(DOCS)
 
 
-def test_interrupted_run_leaves_no_manifest_and_is_refused(tmp_path, tokenizer):
+def test_a_failed_run_leaves_nothing_it_created(tmp_path, tokenizer):
+    """Issue 47 item 13: a failed prepare left an empty output directory (and an interrupted one its shards)."""
     def failing():
         yield from DOCS * 2  # more than one task of documents
         raise KeyboardInterrupt
 
-    out = tmp_path / "out"
+    out = tmp_path / "new" / "out"
     with pytest.raises(KeyboardInterrupt):
         prepare(Documents(failing(), None), tokenizer, out, progress=False)
-    assert any(out.glob("shard-*.bin")) and not (out / "manifest.json").exists()
+    assert not out.exists()  # it created the folder: gone again
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt):
+        prepare(Documents(failing(), None), tokenizer, existing, force=True, progress=False)
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]  # what was there stays, nothing of ours
+    prepare(Documents(iter(DOCS), None), tokenizer, out, progress=False)
     cfg = small_config(**{"data.source": "tokens", "data.path": str(out), "model.vocab_size": 300})
-    with pytest.raises(FileNotFoundError, match="did not finish"):
-        DataStream.open(cfg)
-    with pytest.raises(FileExistsError, match="--force"):
-        prepare(Documents(iter(DOCS), None), tokenizer, out, progress=False)
-    prepare(Documents(iter(DOCS), None), tokenizer, out, force=True, progress=False)
     assert next(DataStream.open(cfg)).tokens.shape == (4, 17)
 
 
@@ -112,7 +115,7 @@ def test_input_errors(tmp_path):
         with pytest.raises(ImportError, match="Hugging Face dataset name"):
             open_documents("HuggingFaceFW/fineweb-edu")
     _write_jsonl(tmp_path / "docs.jsonl", ["x"])
-    with pytest.raises(KeyError, match="'body'"):
+    with pytest.raises(ValueError, match=r"docs.jsonl:1 has no .body. field \(set --text-column\)"):
         next(open_documents(str(tmp_path / "docs.jsonl"), text_column="body").texts)
 
 

@@ -111,3 +111,20 @@ def test_a_config_file_that_cannot_be_loaded_is_one_line(tmp_path):
         assert out.returncode == 1 and out.stderr.strip().splitlines() == [f"error: --config {path}{':' if
                                                                             'defines' not in message else ''} "
                                                                            f"{message}"], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("line,message", [
+    (b'{"text": broken\n', r"docs.jsonl:2: not a JSON object \(Expecting value at column 10\)"),
+    (b'{"text": "caf\xe9"}\n', r"docs.jsonl:2: not UTF-8 text \(byte 0xe9 at column 14\); convert the file to UTF-8"),
+])
+def test_prepare_names_the_file_and_line_of_a_broken_document(tmp_path, line, message):
+    """Item 13: prepare's errors on a broken or non-UTF-8 jsonl named neither file nor line, and left an empty
+    output directory."""
+    from hybrid_jax.prepare import main
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_bytes(b'{"text": "fine"}\n' + line)
+    tokenizer = tiny_hf_tokenizer(tmp_path, sample_documents(20, seed=1))
+    with pytest.raises(SystemExit, match=message):
+        main(["--input", str(docs), "--tokenizer", str(tokenizer), "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -23,6 +23,8 @@ def tampered(tmp_path_factory):
     model = perturbed_model(cfg)
     out = tmp_path_factory.mktemp("export")
     export_model(model, cfg, out, fmt="hf")
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes  # item 13: it was 0600 beside 0644
     marker = out / "ran"
     with open(out / "modeling_hybrid.py", "a") as f:
         f.write(f"\nimport pathlib\npathlib.Path({str(marker)!r}).write_text('the directory ran its own code')\n")
