@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ml_collections import ConfigDict
 
@@ -130,6 +132,15 @@ def mamba_mla_config() -> ConfigDict:
     # Primus uses weight decay 0.1 here; we keep the project-wide 0.01 (override with --config.train.weight_decay).
     c.train.update(dict(steps=10000, seq_len=8192, lr=2e-4, min_lr=2e-5, warmup_steps=200, zero1=True))
     return c
+
+
+def flat_items(tree: ConfigDict | dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of a config (or its dict / JSON form) as ``("section.key", value)``, in order."""
+    for key, value in tree.items():
+        if isinstance(value, ConfigDict | dict):
+            yield from flat_items(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def to_json(cfg: ConfigDict) -> str:

@@ -7,12 +7,10 @@ its line here.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
-from typing import Any
 
 from ml_collections import ConfigDict
 
-from hybrid_jax.config import base_config
+from hybrid_jax.config import base_config, flat_items
 
 MEANINGS: dict[str, str] = {
     "model.name": "the run's name; an empty train.workdir becomes runs/<name>",
@@ -94,15 +92,6 @@ MEANINGS: dict[str, str] = {
     "mesh.data": "data-parallel mesh axis size; -1: all remaining devices",
     "mesh.fsdp": "parameter-sharding mesh axis size (ZeRO-3 style), 1: replicated",
 }
-
-
-def flat_items(config: ConfigDict, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Every leaf of ``config`` as ``("section.key", value)``, in order."""
-    for key, value in config.items():
-        if isinstance(value, ConfigDict):
-            yield from flat_items(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def show_config(config: ConfigDict) -> str:

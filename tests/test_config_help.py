@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-from hybrid_jax.config import base_config
-from hybrid_jax.config_help import MEANINGS, flat_items, nearest_keys, show_config
+from hybrid_jax.config import base_config, flat_items
+from hybrid_jax.config_help import MEANINGS, nearest_keys, show_config
 from tests.conftest import REPO, load_config
 
 

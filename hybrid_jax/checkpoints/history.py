@@ -22,7 +22,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from hybrid_jax.checkpoints.layout import CONFIG, QUARANTINE
-from hybrid_jax.config import from_json, to_json
+from hybrid_jax.config import flat_items, from_json, to_json
 
 # Keys that never enter the history: how this launch runs, not what the run is.
 RUN_CONTROL = frozenset({"train.restore_step", "train.allow_config_change", "train.workdir"})
@@ -75,20 +75,9 @@ def read_config(workdir: str | Path, step: int | None = None) -> ConfigDict:
     return parse(text, chosen[-1])
 
 
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def diff(old: ConfigDict, new: ConfigDict) -> dict[str, tuple[Any, Any]]:
     """``{key: (old, new)}`` of every differing key outside :data:`RUN_CONTROL`."""
-    a, b = flatten(json.loads(to_json(old))), flatten(json.loads(to_json(new)))
+    a, b = dict(flat_items(json.loads(to_json(old)))), dict(flat_items(json.loads(to_json(new))))
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
             if k not in RUN_CONTROL and a.get(k) != b.get(k)}
 

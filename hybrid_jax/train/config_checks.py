@@ -9,6 +9,7 @@ import math
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
+from hybrid_jax.config import flat_items
 from hybrid_jax.model.plan import sublayer_kinds
 
 KERNEL_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
@@ -41,17 +42,9 @@ def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} must be one of {', '.join(allowed)}")
 
 
-def _flat(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _flat(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
-
-
 def check_model(model: ConfigDict) -> None:
     """Every size, count and rank of ``model`` a positive integer, the plan and dtypes valid."""
-    for key, value in _flat(model.to_dict()):
+    for key, value in flat_items(model):
         if not any(word in key for word in _SIZE_WORDS) or isinstance(value, bool) or not isinstance(value, int):
             continue
         if value < 0 or (value == 0 and key not in MAY_BE_ZERO):
