@@ -38,13 +38,14 @@ def _unknown_key(argv: list[str], name: str) -> str:
 
 
 def _config_path(argv: list[str]) -> str | None:
-    """The value of ``--config`` in ``argv`` (``--config X`` or ``--config=X``)."""
+    """The value of ``--config`` in ``argv`` (``--config X`` or ``--config=X``; the last one, as absl takes it)."""
+    found = None
     for i, arg in enumerate(argv):
         if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--config="):
-            return arg.removeprefix("--config=")
-    return None
+            found = argv[i + 1]
+        elif arg.startswith("--config="):
+            found = arg.removeprefix("--config=")
+    return found
 
 
 def _flag_error(text: str) -> str:
