@@ -166,7 +166,10 @@ def use(source: str = "auto") -> str:
     tuning file's path (a malformed or missing one is a :class:`TuningFileError`; a stale one is reported and
     ignored, as with ``auto``)."""
     arch = tuning.current_arch()
-    builtin = f"built-in {arch}" if arch != "fallback" else "fallback: run python -m hybrid_jax.tune"
+    if jax.default_backend() == "cpu":
+        builtin = "built-in fallback (on cpu, kernel_impl=auto runs the kernels' XLA form: nothing to tune)"
+    else:
+        builtin = f"built-in {arch}" if arch != "fallback" else "fallback: run python -m hybrid_jax.tune"
     _ACTIVE.source, _ACTIVE.file, _ACTIVE.description = source, None, builtin
     if source == "builtin":
         return builtin

@@ -19,7 +19,7 @@ DEMO = str(REPO / "configs" / "demo.py")
 
 def test_tune_demo_writes_a_tuning_file_with_every_op_it_uses(tmp_path, capsys):
     out = tmp_path / "tuning.json"
-    assert main(["--config", DEMO, "--budget-s", "2", "--out", str(out)]) == out
+    assert main(["--config", DEMO, "--budget-s", "2", "--out", str(out), "--interpret"]) == out
     tf = tuning_file.read(out)
     assert tuning_file.stale_reason(tf) is None
     assert set(tf.recurrent) == {("gdn", 16, 16), ("kda", 16, 32), ("gla", 16, 16)}  # GDN, KDA and Mamba2's SSD
@@ -54,8 +54,11 @@ def test_a_candidate_that_fails_to_compile_is_skipped_with_a_note(monkeypatch):
 @pytest.mark.parametrize("argv, error", [
     (["--config", "configs/none.py"], "--config configs/none.py: no such file"),
     (["--config", DEMO, "--budget-s", "0"], "--budget-s must be positive, got 0"),
-    (["--config", DEMO, "--out", "{file}/tuning.json"], "cannot be written"),
-    (["--config", DEMO, "--out", "{dir}"], "is a folder"),
+    (["--config", DEMO, "--out", "{file}/tuning.json", "--interpret"], "cannot be written"),
+    (["--config", DEMO, "--out", "{dir}", "--interpret"], "is a folder"),
+    (["--config", DEMO], "the Pallas kernels do not run on cpu (training there uses their XLA form): nothing to tune, "
+                         "nothing written"),  # issue 49 item 3: it claimed a speed-up and wrote the cache's file
+    (["--config", DEMO, "--interpret"], "--interpret needs --out FILE"),
 ])
 def test_bad_input_is_one_line_before_anything_is_compiled(tmp_path, argv, error):
     (tmp_path / "file").write_text("")
@@ -64,3 +67,4 @@ def test_bad_input_is_one_line_before_anything_is_compiled(tmp_path, argv, error
         main(argv)
     assert str(e.value).startswith("python -m hybrid_jax.tune: error: ") and error in str(e.value)
     assert "\n" not in str(e.value)
+    assert not tuning_file.cache_path().exists()

@@ -53,7 +53,8 @@ def _parse(argv):
     ap.add_argument("--start", choices=("builtin", "fallback"), default="builtin",
                     help="where the search starts: this GPU's built-in entry (default) or the 'fallback' table's, "
                     "as on a GPU outside the tables; the file keeps the fastest of winner, start and built-in")
-    ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode at tiny shapes (implied on CPU)")
+    ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode at tiny shapes, to test the tool "
+                    "(needs --out; on CPU the kernels do not run, so there is nothing to tune otherwise)")
     return ap.parse_args(argv)
 
 
@@ -73,7 +74,13 @@ def plan(args) -> tuple[dict[tuple[str, int, int], list[tuple[Problem, list[str]
     for path in paths:
         if not path.is_file():
             raise TuneError(f"--config {path}: no such file")
-    interpret = args.interpret or jax.default_backend() == "cpu"
+    interpret = args.interpret
+    if jax.default_backend() == "cpu" and not interpret:
+        raise TuneError("the Pallas kernels do not run on cpu (training there uses their XLA form): nothing to tune, "
+                        "nothing written; run this on the GPU you train on (--interpret --out FILE exercises the tool "
+                        "itself in Pallas interpret mode)")
+    if interpret and not args.out:
+        raise TuneError("--interpret needs --out FILE: interpreter timings never become this machine's tuning file")
     out = Path(args.out) if args.out else tuning_file.cache_path()
     check_out(out)
     stats = jax.devices()[0].memory_stats() or {}
