@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
-from hybrid_jax.checkpoints import ResumePlan, WorkdirLock, plan_resume
+from hybrid_jax.checkpoints import ResumePlan, WorkdirLock, plan_branch, plan_resume
 from hybrid_jax.checkpoints.storage import check_writable
 from hybrid_jax.data.blend import Blend, open_blend
 from hybrid_jax.data.heldout import heldout_windows
@@ -31,6 +31,7 @@ from hybrid_jax.data.tokenizer import check_vocab, resolve_path
 from hybrid_jax.model import HybridLM, layer_plan
 from hybrid_jax.train.config_checks import ConfigError, check_config, clamp_warmup
 from hybrid_jax.train.step import mesh as mesh_lib
+from hybrid_jax.train.step.schedule import continuation_note
 
 
 @dataclasses.dataclass
@@ -219,7 +220,8 @@ def _tuning(config: ConfigDict) -> str:
 
 
 def _lock_and_plan(config: ConfigDict, params: dict, notes: list[str]) -> tuple[WorkdirLock, ResumePlan]:
-    """Create the workdir, take its lock (process 0), plan the resume; on a refusal undo both."""
+    """Create the workdir, take its lock (process 0), plan the resume (or the branch of a fresh workdir from
+    ``train.branch_from``) and say what the schedule does where the run continues; on a refusal undo both."""
     workdir = Path(config.train.workdir)
     created = not workdir.exists()
     lock = WorkdirLock(workdir)
@@ -227,7 +229,15 @@ def _lock_and_plan(config: ConfigDict, params: dict, notes: list[str]) -> tuple[
         if jax.process_index() == 0:
             check_writable(workdir, "workdir")
             lock.acquire(notes.append)
-        return lock, plan_resume(workdir.resolve(), config, params)
+        plan = plan_resume(workdir.resolve(), config, params)
+        if config.train.branch_from and plan.step is None:
+            plan = plan_branch(workdir.resolve(), config, params)
+        elif config.train.branch_from:
+            notes.append(f"note: train.branch_from={config.train.branch_from} is not used: {workdir} holds "
+                         f"checkpoints of its own (resuming from its step {plan.step})")
+        if plan.step is not None:
+            notes.append(continuation_note(config.train, plan.changes, plan.step))
+        return lock, plan
     except BaseException:
         lock.release()
         if created and jax.process_index() == 0:
