@@ -27,14 +27,20 @@ def bucket_length(n: int, max_length: int) -> int:
 
 class HybridJaxLM(TemplateLM):
     """lm-eval model over a ``HybridLM``: loglikelihood (batched, length-bucketed), loglikelihood_rolling and greedy
-    generate_until (full forward per new token: no cache)."""
+    generate_until (full forward per new token: no cache).
 
-    def __init__(self, model: nnx.Module, tokenizer: Tokenizer, *, batch_size: int = 8, max_length: int = 2048):
+    ``model``: the module, or ``(graphdef, state)`` as ``nnx.merge`` takes them (a trainer's graphdef and live
+    parameters); ``state`` may then be replaced by other values of the same shapes, reusing the compiled functions.
+    ``sharding``: where the scoring batches go (e.g. split over a training mesh's data axis; ``batch_size`` a multiple
+    of its shards); default: beside the parameters."""
+
+    def __init__(self, model: nnx.Module | tuple[nnx.GraphDef, object], tokenizer: Tokenizer, *, batch_size: int = 8,
+                 max_length: int = 2048, sharding: jax.sharding.Sharding | None = None):
         super().__init__()
         self.tokenizer_ = tokenizer
-        self.batch_size, self.max_length = batch_size, max_length
-        graphdef, state = nnx.split(model)
-        self._state = state
+        self.batch_size, self.max_length, self.sharding = batch_size, max_length, sharding
+        graphdef, state = model if isinstance(model, tuple) else nnx.split(model)
+        self.state = state
 
         def score(state, inputs: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
             """``inputs, targets [B, L]`` -> (log p(target) [B, L] float32, target == argmax [B, L] bool)."""
@@ -84,7 +90,9 @@ class HybridJaxLM(TemplateLM):
             for r, i in enumerate(rows):
                 inp, tgt, _ = windows[i]
                 inputs[r, : len(inp)], targets[r, : len(tgt)] = inp, tgt
-            logp, greedy = jax.device_get(self._score(self._state, inputs, targets))
+            if self.sharding is not None:
+                inputs, targets = jax.device_put((inputs, targets), self.sharding)
+            logp, greedy = jax.device_get(self._score(self.state, inputs, targets))
             for r, i in enumerate(rows):
                 n, m = len(windows[i][0]), windows[i][2]
                 results[i] = (float(logp[r, n - m : n].sum()), bool(greedy[r, n - m : n].all()))
@@ -119,7 +127,7 @@ class HybridJaxLM(TemplateLM):
                 window = (tokens + generated)[-self.max_length:]
                 padded = np.zeros((1, bucket_length(len(window), self.max_length)), np.int32)
                 padded[0, : len(window)] = window
-                token = int(self._next_token(self._state, padded, np.array([len(window) - 1])).item())
+                token = int(self._next_token(self.state, padded, np.array([len(window) - 1])).item())
                 if token == self.eot_token_id:
                     break
                 generated.append(token)
