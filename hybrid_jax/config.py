@@ -1,8 +1,9 @@
 """The run configuration: one ml_collections ``ConfigDict`` holding everything a run needs.
 
 ``base_config()`` is the shared recipe (the Primus/FLA seed recipe: AdamW 0.9/0.95, weight decay 0.01,
-clip 1.0, cosine to ``min_lr`` after a linear warmup (or WSD, or constant: ``train.lr_schedule``), seq 2048, Llama-3 vocabulary). Each file in
-``configs/`` states only what differs. The dict is locked, so an unknown override key is an error.
+clip 1.0, cosine to ``min_lr`` after a linear warmup (or WSD, or constant: ``train.lr_schedule``), seq 2048,
+Llama-3 vocabulary). Each file in ``configs/`` states only what differs. The dict is locked, so an unknown override
+key is an error.
 """
 
 from __future__ import annotations

@@ -115,7 +115,8 @@ def _check_schedule(t: ConfigDict) -> None:
                           "raise train.decay_fraction")
     if warmup + decay > t.steps:
         raise ConfigError(f"train.warmup_steps={warmup} and the WSD decay's {decay} steps (train.decay_fraction="
-                          f"{t.decay_fraction} x train.steps={t.steps}) overlap; lower one of them or raise train.steps")
+                          f"{t.decay_fraction} x train.steps={t.steps}) overlap; lower one of them or raise "
+                          "train.steps")
 
 
 def _check_run_extras(t: ConfigDict) -> None:
