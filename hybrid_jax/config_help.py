@@ -89,7 +89,7 @@ MEANINGS: dict[str, str] = {
     "train.eval_every": "steps between validation losses (needs data.validation_path); 0: none",
     "train.eval_batches": "validation batches (micro_batch_size x data shards windows each), fixed for the run",
     "train.branch_from": "WORKDIR[:STEP]: start this new workdir from that checkpoint (default its newest)",
-    "train.eval_tasks": "lm-eval tasks scored during training (arc_easy, arc_challenge, piqa); empty: none",
+    "train.eval_tasks": "lm-eval tasks scored during training (arc_easy, arc_challenge, piqa, hellaswag); empty: none",
     "train.eval_tasks_every": "steps between task evaluations (one more at the end)",
     "train.eval_tasks_limit": "documents per task evaluation (the first N, the same every time)",
     "train.eval_tasks_data": "folder of the tasks' jsonl files; empty: $HYBRID_JAX_EVAL_DATA",

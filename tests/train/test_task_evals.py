@@ -78,7 +78,7 @@ def test_tasks_are_scored_on_the_live_parameters_and_a_failure_is_a_warning(task
 
 @pytest.mark.parametrize("overrides,message", [
     ({"eval_tasks": "arc_esay"}, r"train.eval_tasks=arc_esay: unknown task 'arc_esay': did you mean arc_easy\? the "
-                                 r"bundled tasks are arc_challenge, arc_easy, piqa"),
+                                 r"bundled tasks are arc_challenge, arc_easy, hellaswag, piqa"),
     ({"eval_tasks": "arc_challenge"}, r"arc_challenge reads ARC-Challenge-train.jsonl, .* which is not there"),
     ({"eval_tasks_data": "/nowhere"}, r"the task data folder /nowhere does not exist"),
     ({"eval_tasks": "arc_easy, piqa"}, r"must be task names separated by commas, without spaces"),
