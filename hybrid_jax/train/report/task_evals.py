@@ -64,9 +64,6 @@ class TaskEvals:
         self.lm = HybridJaxLM((graphdef, None), tokenizer, batch_size=self.batch, max_length=t.seq_len,
                               sharding=mesh_lib.batch_sharding(mesh))
 
-    def describe(self) -> str:
-        return f"{', '.join(self.tasks)} (the first {self.limit} documents of each, batches of {self.batch})"
-
     def __call__(self, params: dict) -> dict[str, float]:
         """Score the tasks with ``params`` (the train state's, used in place; the first call also compiles)."""
         from hybrid_jax.eval.run import run_tasks
