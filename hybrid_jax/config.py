@@ -1,8 +1,9 @@
 """The run configuration: one ml_collections ``ConfigDict`` holding everything a run needs.
 
 ``base_config()`` is the shared recipe (the Primus/FLA seed recipe: AdamW 0.9/0.95, weight decay 0.01,
-clip 1.0, cosine to ``min_lr`` after a linear warmup, seq 2048, Llama-3 vocabulary). Each file in
-``configs/`` states only what differs. The dict is locked, so an unknown override key is an error.
+clip 1.0, cosine to ``min_lr`` after a linear warmup (or WSD, or constant: ``train.lr_schedule``), seq 2048,
+Llama-3 vocabulary). Each file in ``configs/`` states only what differs. The dict is locked, so an unknown override
+key is an error.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def base_config() -> ConfigDict:
             lr=2e-4,
             min_lr=2e-5,
             warmup_steps=200,
+            lr_schedule="cosine",  # cosine | wsd (warmup, stable, decay) | constant (hybrid_jax.train.step.schedule)
+            decay_fraction=0.2,  # wsd: the decay takes the last round(decay_fraction x steps) steps
+            decay_shape="1-sqrt",  # wsd: linear | cosine | 1-sqrt
             weight_decay=0.01,
             b1=0.9,
             b2=0.95,
@@ -100,6 +104,13 @@ def base_config() -> ConfigDict:
             allow_config_change=False,  # resume even if the config changes what the model computes (rope_theta, dims)
             eval_every=1000,  # validation loss every N steps and at the end (needs data.validation_path); 0: off
             eval_batches=8,  # validation batches of micro_batch_size x data shards windows, the same at every eval
+            branch_from="",  # WORKDIR[:STEP]: a new run starts from that checkpoint's state and data position
+            eval_tasks="",  # lm-eval tasks of hybrid_jax/eval/tasks scored during training, e.g. "arc_easy,piqa"
+            eval_tasks_every=1000,  # steps between task evaluations (and one at the end)
+            eval_tasks_limit=100,  # documents per task (the first N of its evaluation split, the same every time)
+            eval_tasks_data="",  # the tasks' data files (ARC / PIQA jsonl); empty: $HYBRID_JAX_EVAL_DATA
+            wandb_project="",  # Weights & Biases project to log to as well (needs wandb); empty: off
+            wandb_mode="online",  # online | offline (written under WORKDIR/wandb; `wandb sync` uploads it later)
         )
     )
     c.data = ConfigDict(

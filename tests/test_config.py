@@ -13,7 +13,8 @@ CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py"))
 
 def test_all_published_configs_exist():
     expected = {"demo", "zebra_300m_gdn", "zebra_300m_kda", "zebra_300m_gdn_hybrid", "zebra_300m_mamba2_hybrid",
-                "zebra_1b_gdn", "zebra_1b_kda", "zebra_1b_mamba2_hybrid", "zebra_3b", "zebra_8b"}
+                "zebra_1b_gdn", "zebra_1b_kda", "zebra_1b_mamba2_hybrid", "zebra_1b_kda_hybrid", "zebra_1b_gdn_hybrid",
+                "zebra_3b", "zebra_8b"}
     assert expected <= set(CONFIGS)
 
 

@@ -10,7 +10,8 @@ Modules, one concern each::
     storage.py    storage faults as one line (not writable, full, read-only)
     lock.py       one run per workdir
     history.py    config.json and config-STEP.json: the config as it changed
-    resume.py     which checkpoint a run continues from, decided before anything moves
+    resume.py     which checkpoint a run continues from (its own, or another run's: train.branch_from), decided
+                  before anything moves
 """
 
 from hybrid_jax.checkpoints.history import ConfigChangeRefused, ConfigUnreadable, config_history, read_config
@@ -25,7 +26,7 @@ from hybrid_jax.checkpoints.reader import (
                                            load,
                                            trained_config,
 )
-from hybrid_jax.checkpoints.resume import NoUsableCheckpoint, ResumePlan, carry_out, plan_resume
+from hybrid_jax.checkpoints.resume import NoUsableCheckpoint, ResumePlan, carry_out, plan_branch, plan_resume
 from hybrid_jax.checkpoints.storage import CheckpointSaveError, StorageError
 from hybrid_jax.checkpoints.writer import Checkpointer
 
@@ -36,4 +37,4 @@ RUN_ERRORS = (WorkdirLocked, NoUsableCheckpoint, ConfigChangeRefused, ConfigUnre
 __all__ = ["RUN_ERRORS", "CheckpointDamaged", "CheckpointMismatch", "CheckpointReader", "CheckpointSaveError",
            "Checkpointer", "ConfigChangeRefused", "ConfigUnreadable", "NoUsableCheckpoint", "ResumePlan",
            "StorageError", "WorkdirLock", "WorkdirLocked", "carry_out", "check_shapes", "checkpoint_dir",
-           "config_history", "latest_step", "load", "plan_resume", "read_config", "trained_config"]
+           "config_history", "latest_step", "load", "plan_branch", "plan_resume", "read_config", "trained_config"]

@@ -24,8 +24,9 @@ from ml_collections import ConfigDict
 from hybrid_jax.checkpoints.layout import CONFIG, QUARANTINE
 from hybrid_jax.config import flat_items, from_json, to_json
 
-# Keys that never enter the history: how this launch runs, not what the run is.
-RUN_CONTROL = frozenset({"train.restore_step", "train.allow_config_change", "train.workdir"})
+# Keys that never enter the history: how this launch runs, not what the run is (train.branch_from is read only when
+# a workdir starts).
+RUN_CONTROL = frozenset({"train.restore_step", "train.allow_config_change", "train.workdir", "train.branch_from"})
 # model.* keys that choose how the same function is computed (kernels, memory), not the function.
 HOW_COMPUTED = frozenset({"model.name", "model.kernel_impl", "model.chunk_size", "model.tuning", "model.remat"})
 # keys whose change reorders the data stream (the saved data position counts sequences of this length and seed)

@@ -5,6 +5,7 @@
       config-STEP.json           each change a resumed run made, in effect from STEP
       train.lock                 the run that holds the workdir (host, pid, start time)
       restore_step.json          a train.restore_step that was applied (so a relaunch does not rewind again)
+      branched_from.json         the checkpoint a train.branch_from run started from (workdir, step)
       metrics.jsonl              one JSON line per logged step (and per validation)
       tensorboard/               TensorBoard events
       checkpoints/<step>/        one Orbax checkpoint: state/ (train state), data/ (data position),
@@ -20,6 +21,7 @@ CHECKPOINTS = "checkpoints"
 CONFIG = "config.json"
 LOCK = "train.lock"
 RESTORED = "restore_step.json"
+BRANCHED = "branched_from.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 QUARANTINE = "checkpoints-quarantine"

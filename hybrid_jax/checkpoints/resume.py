@@ -9,6 +9,12 @@ non-finite values), and only then moves aside what the plan says: damaged newer 
 ``WORKDIR/checkpoints-quarantine/`` (never deleted), the checkpoints and ``config-STEP.json`` newer than a
 ``restore_step``, records ``restore_step.json`` (so relaunching the same command resumes from the newest checkpoint
 again instead of rewinding twice; delete it to rewind to the same step again) and the config history.
+
+A new workdir with ``train.branch_from=WORKDIR[:STEP]`` starts from another run's checkpoint instead
+(:func:`plan_branch`): that step (default: its newest) is verified and shape-checked like a resume, its state and
+data position are restored from where they are (nothing is copied), and the new run keeps its own config
+(``config.json``) and checkpoints, with ``branched_from.json`` naming its origin. Once the new workdir holds a
+checkpoint of its own, it resumes from that one.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from hybrid_jax.checkpoints import history, integrity
-from hybrid_jax.checkpoints.layout import RESTORED, checkpoint_dir, saved_steps
+from hybrid_jax.checkpoints.layout import BRANCHED, RESTORED, checkpoint_dir, saved_steps, step_dir
 from hybrid_jax.checkpoints.reader import CheckpointDamaged, CheckpointReader, check_shapes, trained_config
-from hybrid_jax.checkpoints.writer import Checkpointer
+from hybrid_jax.checkpoints.writer import Checkpointer, read_data_position
 
 
 class NoUsableCheckpoint(RuntimeError):
@@ -39,7 +45,8 @@ class NoUsableCheckpoint(RuntimeError):
 class ResumePlan:
     """What resuming will do. ``step``: the checkpoint to continue from (None: a fresh run); ``damaged``: newer
     checkpoints that failed their checks, with why; ``set_aside``: checkpoints newer than ``train.restore_step``;
-    ``changes``: the config changes against the config ``step`` was trained with; ``notes``: lines to print."""
+    ``changes``: the config changes against the config ``step`` was trained with; ``notes``: lines to print;
+    ``source``: the workdir ``step`` is read from when it is another run's (``train.branch_from``)."""
 
     step: int | None
     damaged: list[tuple[int, str]] = dataclasses.field(default_factory=list)
@@ -47,6 +54,7 @@ class ResumePlan:
     rewind_to: int | None = None
     changes: dict = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    source: Path | None = None
 
 
 def _verdict(workdir: Path, step: int) -> str | None:
@@ -120,6 +128,61 @@ def plan_resume(workdir: Path, config: ConfigDict, abstract_params: dict, *, ski
                              "moved: restore a good copy, or start over in a new train.workdir")
 
 
+def parse_branch(spec: str) -> tuple[Path, int | None]:
+    """``WORKDIR`` or ``WORKDIR:STEP`` (``train.branch_from``) -> ``(workdir, step or None)``."""
+    head, _, tail = spec.rpartition(":")
+    return (Path(head), int(tail)) if head and tail.isdigit() else (Path(spec), None)
+
+
+def plan_branch(workdir: Path, config: ConfigDict, abstract_params: dict) -> ResumePlan:
+    """How the fresh ``workdir`` starts from ``train.branch_from``'s checkpoint (module docstring); reads only.
+    :class:`NoUsableCheckpoint` for a source without that step or whose step fails its checks; the shape and config
+    checks of a resume (:func:`plan_resume`)."""
+    spec = config.train.branch_from
+    source, step = parse_branch(spec)
+    source = source.resolve()
+    if source == workdir.resolve():
+        raise NoUsableCheckpoint(f"train.branch_from={spec} is this run's own workdir; to go back within a run use "
+                                 "train.restore_step")
+    steps = saved_steps(source)
+    if not steps:
+        raise NoUsableCheckpoint(f"train.branch_from={spec}: {checkpoint_dir(source)} holds no complete checkpoint")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise NoUsableCheckpoint(f"train.branch_from={spec}: {source} has no checkpoint at step {step} (it has "
+                                 f"{steps})")
+    if (reason := _verdict(source, step)) is not None:
+        raise NoUsableCheckpoint(f"train.branch_from={spec}: checkpoint step {step} of {source} is damaged ({reason});"
+                                 f" choose another step ({[s for s in steps if s != step] or 'there is none'})")
+    with CheckpointReader(source) as reader:
+        reader._verified.add(step)
+        try:
+            saved = reader.saved_tree(step)
+        except CheckpointDamaged as e:
+            raise NoUsableCheckpoint(f"train.branch_from={spec}: {e}") from None
+    try:
+        check_shapes(abstract_params, saved.get("params", {}), prefix="params/")
+    except ValueError as e:
+        raise type(e)(f"train.branch_from={spec} step {step}: {e}") from None
+    try:
+        trained = trained_config(source, step)
+    except (OSError, ValueError) as e:
+        raise history.ConfigUnreadable(f"train.branch_from={spec}: the config of its step {step} cannot be read: "
+                                       f"{e}") from None
+    changes = history.check_change(source, step, trained, config)
+    return ResumePlan(step=step, changes=changes, source=source,
+                      notes=[f"branching from {source} step {step}: its train state and data position, this run's "
+                             f"config ({history.shown(changes) or 'unchanged'})"])
+
+
+def _restore(plan: ResumePlan, ckpt: Checkpointer, abstract_state: dict) -> tuple[dict, dict]:
+    """``(state, data position)`` of ``plan.step``, from this workdir or the branch's source."""
+    if plan.source is None:
+        return ckpt.restore(abstract_state, plan.step)
+    with CheckpointReader(plan.source) as reader:
+        return reader.restore(abstract_state, plan.step), read_data_position(step_dir(plan.source, plan.step))
+
+
 def _finite(tree: Any) -> bool:
     leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
     return not leaves or bool(jax.jit(lambda xs: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs])))(leaves))
@@ -135,13 +198,15 @@ def carry_out(plan: ResumePlan, ckpt: Checkpointer, config: ConfigDict, abstract
     restored = None
     while plan.step is not None:
         try:
-            state, position = ckpt.restore(abstract_state, plan.step)
+            state, position = _restore(plan, ckpt, abstract_state)
             if _finite(state):
                 restored = (state, position)
                 break
             reason = "its state holds non-finite values (NaN or inf)"
         except CheckpointDamaged as e:
             reason = str(e)
+        if plan.source is not None:  # a branch's source is never changed: no fallback, nothing moved
+            raise NoUsableCheckpoint(f"train.branch_from={config.train.branch_from}: {reason}")
         skip |= {plan.step}
         damaged = [*plan.damaged, (plan.step, reason)]
         plan = plan_resume(workdir, config, abstract_state["params"], skip=skip)
@@ -166,13 +231,15 @@ def carry_out(plan: ResumePlan, ckpt: Checkpointer, config: ConfigDict, abstract
             record = dict(restore_step=plan.rewind_to, set_aside=plan.set_aside,
                           time=time.strftime("%Y-%m-%d %H:%M:%S"))
             (workdir / RESTORED).write_text(json.dumps(record) + "\n")
-        oldest = min(saved_steps(workdir), default=None)
-        saved = integrity_config(workdir, oldest) if plan.step is not None else None
-        if plan.step is not None:
-            history.repair_start(workdir, saved, log)
-        history.record(workdir, config, plan.step, plan.changes, log)
+        own = plan.step if plan.source is None else None  # a branch starts this workdir's history
+        if own is not None:
+            history.repair_start(workdir, integrity_config(workdir, min(saved_steps(workdir), default=None)), log)
+        history.record(workdir, config, own, plan.changes, log)
+        if plan.source is not None:
+            record = dict(workdir=str(plan.source), step=plan.step, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+            (workdir / BRANCHED).write_text(json.dumps(record) + "\n")
     if plan.step is not None:
-        log(f"resuming from {ckpt.directory} step {plan.step}")
+        log(f"resuming from {checkpoint_dir(plan.source or workdir)} step {plan.step}")
     return restored
 
 
@@ -193,4 +260,4 @@ def _barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-__all__ = ["NoUsableCheckpoint", "ResumePlan", "carry_out", "plan_resume"]
+__all__ = ["NoUsableCheckpoint", "ResumePlan", "carry_out", "parse_branch", "plan_branch", "plan_resume"]

@@ -1,9 +1,11 @@
 """An lm-eval ``LM`` that runs the JAX model directly.
 
-Scoring requests are sorted by length, cut into batches of ``batch_size`` rows and right-padded to a length bucket
-(powers of two from 32 up to ``max_length``), so ``jax.jit`` compiles one scoring function per bucket. Right padding
-never changes real positions of a causal model. Only per-token log-probabilities and greedy matches ``[B, L]`` leave
-the device, never the ``[B, L, V]`` logits.
+Scoring requests are sorted by length, cut into batches of up to ``batch_size`` rows and right-padded to a length
+bucket (powers of two from 32 up to ``max_length``), so ``jax.jit`` compiles one scoring function per bucket. Right
+padding never changes real positions of a causal model. The vocabulary projection, most of a small model's cost, is
+computed only at the scored positions (each request's continuation): a batch holds at most
+``max(L, batch_size x L / 4)`` of them, gathered into one flat ``[K]`` slot vector, and a batch closes early when its
+rows' continuations would not fit. Only their log-probabilities and greedy matches ``[K]`` leave the device.
 """
 
 from __future__ import annotations
@@ -16,8 +18,15 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
 from hybrid_jax.data.tokenizer import Tokenizer
+from hybrid_jax.model import tied_logits
 
 MIN_BUCKET = 32
+SCORED_SHARE = 4  # a batch of rows x L tokens scores at most a quarter of its positions (the continuations)
+
+
+def scored_slots(batch_size: int, length: int) -> int:
+    """How many positions a batch of ``batch_size`` rows of bucket ``length`` scores at most (at least one row's)."""
+    return max(length, batch_size * length // SCORED_SHARE)
 
 
 def bucket_length(n: int, max_length: int) -> int:
@@ -27,21 +36,30 @@ def bucket_length(n: int, max_length: int) -> int:
 
 class HybridJaxLM(TemplateLM):
     """lm-eval model over a ``HybridLM``: loglikelihood (batched, length-bucketed), loglikelihood_rolling and greedy
-    generate_until (full forward per new token: no cache)."""
+    generate_until (full forward per new token: no cache).
 
-    def __init__(self, model: nnx.Module, tokenizer: Tokenizer, *, batch_size: int = 8, max_length: int = 2048):
+    ``model``: the module, or ``(graphdef, state)`` as ``nnx.merge`` takes them (a trainer's graphdef and live
+    parameters); ``state`` may then be replaced by other values of the same shapes, reusing the compiled functions.
+    ``sharding``: where the scoring batches go (e.g. split over a training mesh's data axis; ``batch_size`` a multiple
+    of its shards); default: beside the parameters."""
+
+    def __init__(self, model: nnx.Module | tuple[nnx.GraphDef, object], tokenizer: Tokenizer, *, batch_size: int = 8,
+                 max_length: int = 2048, sharding: jax.sharding.Sharding | None = None):
         super().__init__()
         self.tokenizer_ = tokenizer
-        self.batch_size, self.max_length = batch_size, max_length
-        graphdef, state = nnx.split(model)
-        self._state = state
+        self.batch_size, self.max_length, self.sharding = batch_size, max_length, sharding
+        graphdef, state = model if isinstance(model, tuple) else nnx.split(model)
+        self.state = state
 
-        def score(state, inputs: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-            """``inputs, targets [B, L]`` -> (log p(target) [B, L] float32, target == argmax [B, L] bool)."""
-            logits = nnx.merge(graphdef, state)(inputs).astype(jnp.float32)
-            logp = jax.nn.log_softmax(logits, axis=-1)
-            picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-            return picked, jnp.argmax(logits, axis=-1) == targets
+        def score(state, inputs: jax.Array, targets: jax.Array, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+            """``inputs, targets [B, L]``, ``slots [K]`` (flat positions ``row * L + t``) -> (log p(target) [K]
+            float32, target == argmax [K] bool) at those positions."""
+            model = nnx.merge(graphdef, state)
+            h = model.features(inputs)
+            logits = tied_logits(h.reshape(-1, h.shape[-1])[slots], model.embedding)  # [K, V] float32
+            wanted = targets.reshape(-1)[slots]
+            picked = jnp.take_along_axis(logits, wanted[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
+            return picked, jnp.argmax(logits, axis=-1) == wanted
 
         def next_token(state, inputs: jax.Array, last: jax.Array) -> jax.Array:
             """Greedy next token after position ``last [B]`` of ``inputs [B, L]``."""
@@ -73,21 +91,30 @@ class HybridJaxLM(TemplateLM):
         windows = []
         for context, continuation in sequences:
             whole = (context + continuation)[-(self.max_length + 1):]
-            windows.append((whole[:-1], whole[1:], len(continuation)))
+            windows.append((whole[:-1], whole[1:], min(len(continuation), len(whole) - 1)))
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))
         results: list[tuple[float, bool]] = [(0.0, False)] * len(windows)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            L = bucket_length(len(windows[rows[0]][0]), self.max_length)
-            inputs = np.zeros((self.batch_size, L), np.int32)
-            targets = np.zeros((self.batch_size, L), np.int32)
+        start = 0
+        while start < len(order):
+            L = bucket_length(len(windows[order[start]][0]), self.max_length)
+            K, rows, used = scored_slots(self.batch_size, L), [], 0
+            while start < len(order) and len(rows) < self.batch_size and used + windows[order[start]][2] <= K:
+                rows.append(order[start])
+                used += windows[order[start]][2]
+                start += 1
+            inputs, targets = np.zeros((self.batch_size, L), np.int32), np.zeros((self.batch_size, L), np.int32)
+            slots, spans, used = np.zeros(K, np.int32), [], 0
             for r, i in enumerate(rows):
-                inp, tgt, _ = windows[i]
+                inp, tgt, m = windows[i]
                 inputs[r, : len(inp)], targets[r, : len(tgt)] = inp, tgt
-            logp, greedy = jax.device_get(self._score(self._state, inputs, targets))
-            for r, i in enumerate(rows):
-                n, m = len(windows[i][0]), windows[i][2]
-                results[i] = (float(logp[r, n - m : n].sum()), bool(greedy[r, n - m : n].all()))
+                slots[used : used + m] = r * L + np.arange(len(inp) - m, len(inp))
+                spans.append((used, used + m))
+                used += m
+            if self.sharding is not None:
+                inputs, targets = jax.device_put((inputs, targets), self.sharding)
+            logp, greedy = jax.device_get(self._score(self.state, inputs, targets, slots))
+            for i, (a, b) in zip(rows, spans, strict=True):
+                results[i] = (float(logp[a:b].sum()), bool(greedy[a:b].all()))
         return results
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
@@ -119,7 +146,7 @@ class HybridJaxLM(TemplateLM):
                 window = (tokens + generated)[-self.max_length:]
                 padded = np.zeros((1, bucket_length(len(window), self.max_length)), np.int32)
                 padded[0, : len(window)] = window
-                token = int(self._next_token(self._state, padded, np.array([len(window) - 1])).item())
+                token = int(self._next_token(self.state, padded, np.array([len(window) - 1])).item())
                 if token == self.eot_token_id:
                     break
                 generated.append(token)

@@ -48,10 +48,6 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
     code only with ``trust_remote_code``) on ``tasks``. Returns ``{"backend", "step", "tasks", "limit", "results":
     {task: metrics}}`` and writes it as ``WORKDIR/eval/step_<N>_jax.json`` (``HF_DIR/eval_results.json`` for an
     export)."""
-    import tempfile
-
-    import lm_eval
-
     if workdir is None and hf_dir is None:
         raise ValueError("give a workdir (JAX model) or an exported HF directory")
     backend = "hf" if hf_dir else "jax"
@@ -75,12 +71,8 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
     else:
         model, step = _jax_lm(workdir, step, batch_size)
         model_args = None
-    with tempfile.TemporaryDirectory() as scratch:
-        out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, limit=limit,
-                                      num_fewshot=num_fewshot, batch_size=batch_size,
-                                      task_manager=task_manager(tasks, data_dir, Path(scratch)), random_seed=seed,
-                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-                                      log_samples=False)
+    out = run_tasks(model, tasks, model_args=model_args, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size,
+                    data_dir=data_dir, seed=seed)
     record = dict(backend=backend, step=step, source=str(hf_dir or workdir), tasks=tasks, limit=limit,
                   num_fewshot=num_fewshot, results=out["results"], n_samples=out.get("n-samples"))
     path = Path(hf_dir) / "eval_results.json" if hf_dir else Path(workdir) / "eval" / f"step_{step}_jax.json"
@@ -88,6 +80,23 @@ def evaluate(*, tasks: list[str], workdir: str | Path | None = None, step: int |
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     record["path"] = str(path)
     return record
+
+
+def run_tasks(model, tasks: list[str], *, model_args: dict | None = None, limit: int | None = None,
+              num_fewshot: int | None = None, batch_size: int = 8, data_dir: str | Path | None = None,
+              seed: int = 1234) -> dict:
+    """lm-eval's ``simple_evaluate`` output of ``model`` (an lm-eval ``LM``, or a model name with ``model_args``) on
+    ``tasks``, seeded, with the local task files for ``data_dir``."""
+    import tempfile
+
+    import lm_eval
+
+    with tempfile.TemporaryDirectory() as scratch:
+        return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, limit=limit,
+                                       num_fewshot=num_fewshot, batch_size=batch_size,
+                                       task_manager=task_manager(tasks, data_dir, Path(scratch)), random_seed=seed,
+                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                                       log_samples=False)
 
 
 def _export_positions(hf_dir: str | Path) -> int:

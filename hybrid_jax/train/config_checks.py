@@ -11,10 +11,12 @@ from ml_collections import ConfigDict
 
 from hybrid_jax.config import flat_items
 from hybrid_jax.model.plan import sublayer_kinds
+from hybrid_jax.train.step.schedule import DECAY_SHAPES, SCHEDULES, decay_steps
 
 KERNEL_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
 REMAT_MODES = ("none", "mixer", "full")
 DATA_SOURCES = ("mock", "tokens", "megatron")
+WANDB_MODES = ("online", "offline")
 MAY_BE_ZERO = frozenset({"chunk_size"})  # 0: tuned per GPU and mixer
 _SIZE_WORDS = ("size", "dim", "heads", "rank", "layers", "groups", "expand", "vocab")
 
@@ -88,6 +90,39 @@ def _check_train(t: ConfigDict) -> None:
     for key in ("b1", "b2"):
         if not t[key] < 1:
             raise ConfigError(f"train.{key}={t[key]} must be below 1")
+    _check_schedule(t)
+    _check_run_extras(t)
+
+
+def _check_schedule(t: ConfigDict) -> None:
+    _one_of("train.lr_schedule", t.lr_schedule, SCHEDULES)
+    _one_of("train.decay_shape", t.decay_shape, DECAY_SHAPES)
+    if not 0 < t.decay_fraction <= 1:
+        raise ConfigError(f"train.decay_fraction={t.decay_fraction} must be in (0, 1]: the share of train.steps the "
+                          "WSD decay takes")
+    if t.lr_schedule != "wsd":
+        return
+    decay, warmup = decay_steps(t), min(t.warmup_steps, t.steps)
+    if decay < 1:
+        raise ConfigError(f"train.decay_fraction={t.decay_fraction} x train.steps={t.steps} rounds to no decay step; "
+                          "raise train.decay_fraction")
+    if warmup + decay > t.steps:
+        raise ConfigError(f"train.warmup_steps={warmup} and the WSD decay's {decay} steps (train.decay_fraction="
+                          f"{t.decay_fraction} x train.steps={t.steps}) overlap; lower one of them or raise "
+                          "train.steps")
+
+
+def _check_run_extras(t: ConfigDict) -> None:
+    """Task evaluations and W&B: their values (their files and packages are the preflight's)."""
+    if t.eval_tasks:
+        names = t.eval_tasks.split(",")
+        if any(not n.strip() or n != n.strip() for n in names):
+            raise ConfigError(f"train.eval_tasks={t.eval_tasks!r} must be task names separated by commas, without "
+                              "spaces, e.g. arc_easy,piqa")
+        for key in ("eval_tasks_every", "eval_tasks_limit"):
+            if t[key] <= 0:
+                raise ConfigError(f"train.{key}={t[key]} must be positive with train.eval_tasks")
+    _one_of("train.wandb_mode", t.wandb_mode, WANDB_MODES)
 
 
 def check_config(config: ConfigDict, batch_shards: int) -> int:

@@ -1,4 +1,5 @@
-"""The training run: preflight -> trainer -> state (fresh or restored) -> steps -> metrics and checkpoints."""
+"""The training run: preflight -> trainer -> state (fresh, restored or branched) -> steps -> metrics, evaluations and
+checkpoints."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from hybrid_jax.flops import flops_per_token
 from hybrid_jax.model import count_params, layer_plan
 from hybrid_jax.train.preflight import preflight
 from hybrid_jax.train.report.heldout_loss import HeldoutLoss
-from hybrid_jax.train.report.metrics import MetricsLogger
+from hybrid_jax.train.report.metrics import MetricsLogger, start_wandb
 from hybrid_jax.train.report.progress import TrainProgress
+from hybrid_jax.train.report.task_evals import TaskEvals
 from hybrid_jax.train.stops import Interrupted, StopRequests, check_skipped
 from hybrid_jax.train.trainer import build_trainer
 
@@ -44,7 +46,7 @@ def train(config: ConfigDict, *, stop_after: int | None = None, force: bool = Fa
                                                                                                    config, log))
         stream = DataStream(config, checked.dataset, position=position, process_index=jax.process_index(),
                             process_count=jax.process_count())
-        return _run(config, trainer, state, stream, ckpt, checked.heldout, workdir, stop_after, log)
+        return _run(config, trainer, state, stream, ckpt, checked, workdir, stop_after, log)
     finally:
         try:
             if ckpt is not None:
@@ -58,14 +60,17 @@ def train(config: ConfigDict, *, stop_after: int | None = None, force: bool = Fa
                 stream.close()
 
 
-def _run(config, trainer, state, stream, ckpt, heldout, workdir, stop_after, log) -> dict:
+def _run(config, trainer, state, stream, ckpt, checked, workdir, stop_after, log) -> dict:
     t = config.train
     progress = TrainProgress(t.steps)
     logger = MetricsLogger(workdir, flops_per_token=flops_per_token(config.model, t.seq_len),
                            tokens_per_step=t.global_batch_size * t.seq_len, total_steps=t.steps,
-                           resume_step=int(state["step"]), console=progress.console)
+                           resume_step=int(state["step"]), console=progress.console, wandb_run=start_wandb(config))
+    heldout = checked.heldout
     evaluator = None if heldout is None else HeldoutLoss(trainer.graphdef, heldout, t.loss_chunk_size, trainer.mesh,
                                                          trainer.shardings["params"])
+    tasks = None if checked.tasks_data is None else TaskEvals(config, trainer.graphdef, checked.tokenizer.load(),
+                                                              trainer.mesh, checked.tasks_data)
     first, last = int(state["step"]) + 1, min(t.steps, stop_after or t.steps)
     record: dict = {}
     if first > last:
@@ -96,6 +101,8 @@ def _run(config, trainer, state, stream, ckpt, heldout, workdir, stop_after, log
                     progress.saving(step, ckpt.directory)
                 if evaluator is not None and (step % t.eval_every == 0 or step == last or stopping):
                     logger.log_validation(step, evaluator(state["params"], progress))
+                if tasks is not None and (step % t.eval_tasks_every == 0 or step == last) and not stopping:
+                    _score_tasks(tasks, state["params"], step, logger, t.eval_tasks_limit)
                 progress.advance(step, record if logged else None)
                 progress.saved(ckpt.manager.is_saving_in_progress())
                 if stopping:
@@ -114,3 +121,14 @@ def _run(config, trainer, state, stream, ckpt, heldout, workdir, stop_after, log
     if stopping:
         raise Interrupted(step, stop.signum, str(workdir))
     return record
+
+
+def _score_tasks(tasks: TaskEvals, params: dict, step: int, logger: MetricsLogger, documents: int) -> None:
+    """One task evaluation at ``step``, logged; a failure is a warning and the run goes on."""
+    try:
+        values = tasks(params)
+    except Exception as e:  # noqa: BLE001 - an evaluation never stops the training
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        logger.warn(f"step {step}: the task evaluation failed ({type(e).__name__}: {first}); training goes on")
+        return
+    logger.log_tasks(step, values, documents)

@@ -1,17 +1,19 @@
 """Everything a run reads, read once and checked before anything is built: the config's values, the model's shapes,
 the training data (each dataset of ``data.path``: a manifest and its shard files, or a Megatron ``.idx`` and its
-``.bin``), the tokenizer, the held-out data, the kernels' tuning file, then, under the workdir's lock, the
-checkpoint to resume from (its checksums, shapes and config).
+``.bin``), the tokenizer, the held-out data, the task evaluations' files and packages (``train.eval_tasks``,
+``train.wandb_project``), the kernels' tuning file, then, under the workdir's lock, the checkpoint to resume (or
+branch) from (its checksums, shapes and config).
 
 Every problem is one line (:class:`~hybrid_jax.train.config_checks.ConfigError` or one of
 ``hybrid_jax.checkpoints.RUN_ERRORS``) and a refusal changes nothing on disk: a workdir this run created is removed
 again, the lock released. What passes comes back as a :class:`Preflight` for the loop: the opened dataset, the run's
-tokenizer, the held-out batches, the lock it holds, the resume plan and the notes to print.
+tokenizer, the held-out batches, the task data folder, the lock it holds, the resume plan and the notes to print.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
-from hybrid_jax.checkpoints import ResumePlan, WorkdirLock, plan_resume
+from hybrid_jax.checkpoints import ResumePlan, WorkdirLock, plan_branch, plan_resume
 from hybrid_jax.checkpoints.storage import check_writable
 from hybrid_jax.data.blend import Blend, open_blend
 from hybrid_jax.data.heldout import heldout_windows
@@ -31,14 +33,15 @@ from hybrid_jax.data.tokenizer import check_vocab, resolve_path
 from hybrid_jax.model import HybridLM, layer_plan
 from hybrid_jax.train.config_checks import ConfigError, check_config, clamp_warmup
 from hybrid_jax.train.step import mesh as mesh_lib
+from hybrid_jax.train.step.schedule import continuation_note
 
 
 @dataclasses.dataclass
 class Preflight:
     """What the checks opened: ``dataset`` (the datasets of ``data.path``, a blend of one or more; None for mock
     data), ``tokenizer`` (None without one), ``heldout``
-    (``[batches, batch, seq_len + 1]`` validation windows, or None), the held ``lock``, the resume ``plan``, and the
-    ``notes`` to print."""
+    (``[batches, batch, seq_len + 1]`` validation windows, or None), the held ``lock``, the resume ``plan``, the
+    ``notes`` to print and ``tasks_data`` (the data folder of ``train.eval_tasks``, or None)."""
 
     notes: list[str]
     dataset: Blend | None
@@ -46,6 +49,7 @@ class Preflight:
     heldout: Batch | None
     lock: WorkdirLock
     plan: ResumePlan
+    tasks_data: Path | None = None
 
 
 def abstract_params(model_cfg: ConfigDict) -> dict:
@@ -77,9 +81,16 @@ def preflight(config: ConfigDict, n_devices: int | None = None, *, force: bool =
     if config.data.validation_path and config.train.eval_every:
         heldout, note = _heldout(config, batch_shards, tokenizer)
         notes.append(note)
+    tasks_data = None
+    if config.train.eval_tasks:
+        tasks_data, note = _task_evals(config, tokenizer)
+        notes.append(note)
+    if config.train.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(f"train.wandb_project={config.train.wandb_project} needs wandb: pip install wandb (or "
+                          "leave train.wandb_project empty)")
     notes.append(_tuning(config))
     lock, plan = _lock_and_plan(config, params, notes)
-    return Preflight([n for n in notes if n], dataset, tokenizer, heldout, lock, plan)
+    return Preflight([n for n in notes if n], dataset, tokenizer, heldout, lock, plan, tasks_data)
 
 
 # bytes per parameter: float32 weights, gradients and the two AdamW moments; activations kept for the backward per
@@ -209,6 +220,27 @@ def _heldout(config: ConfigDict, batch_shards: int, tokenizer: RunTokenizer | No
     return shaped, note
 
 
+def _task_evals(config: ConfigDict, tokenizer: RunTokenizer | None) -> tuple[Path, str]:
+    """The data folder of ``train.eval_tasks`` (every task bundled, every file it reads there, lm-eval installed, a
+    tokenizer the model's vocabulary covers) and a line describing the evaluations."""
+    t = config.train
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError(f"train.eval_tasks={t.eval_tasks} needs lm-eval: pip install -e '.[eval]' (or leave "
+                          "train.eval_tasks empty)")
+    if tokenizer is None:
+        raise ConfigError(f"train.eval_tasks={t.eval_tasks} needs the run's tokenizer to read the tasks' text: set "
+                          "data.tokenizer (this run has none)")
+    from hybrid_jax.eval.local_tasks import check_tasks
+
+    try:
+        folder = check_tasks(t.eval_tasks.split(","), t.eval_tasks_data or None)
+        check_vocab(config.model.vocab_size, tokenizer.load().vocab_size, what=f"the tokenizer {tokenizer.path}")
+    except ValueError as e:
+        raise ConfigError(f"train.eval_tasks={t.eval_tasks}: {e}") from None
+    return folder, (f"task evaluations: {t.eval_tasks.replace(',', ', ')} (the first {t.eval_tasks_limit} documents "
+                    f"of each, from {folder}) every {t.eval_tasks_every} steps and at the end")
+
+
 def _tuning(config: ConfigDict) -> str:
     from hybrid_jax.kernels import tuning_file
 
@@ -219,7 +251,8 @@ def _tuning(config: ConfigDict) -> str:
 
 
 def _lock_and_plan(config: ConfigDict, params: dict, notes: list[str]) -> tuple[WorkdirLock, ResumePlan]:
-    """Create the workdir, take its lock (process 0), plan the resume; on a refusal undo both."""
+    """Create the workdir, take its lock (process 0), plan the resume (or the branch of a fresh workdir from
+    ``train.branch_from``) and say what the schedule does where the run continues; on a refusal undo both."""
     workdir = Path(config.train.workdir)
     created = not workdir.exists()
     lock = WorkdirLock(workdir)
@@ -227,7 +260,15 @@ def _lock_and_plan(config: ConfigDict, params: dict, notes: list[str]) -> tuple[
         if jax.process_index() == 0:
             check_writable(workdir, "workdir")
             lock.acquire(notes.append)
-        return lock, plan_resume(workdir.resolve(), config, params)
+        plan = plan_resume(workdir.resolve(), config, params)
+        if config.train.branch_from and plan.step is None:
+            plan = plan_branch(workdir.resolve(), config, params)
+        elif config.train.branch_from:
+            notes.append(f"note: train.branch_from={config.train.branch_from} is not used: {workdir} holds "
+                         f"checkpoints of its own (resuming from its step {plan.step})")
+        if plan.step is not None:
+            notes.append(continuation_note(config.train, plan.changes, plan.step))
+        return lock, plan
     except BaseException:
         lock.release()
         if created and jax.process_index() == 0:

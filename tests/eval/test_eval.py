@@ -109,7 +109,7 @@ def test_write_tasks_for_the_lm_eval_cli(tmp_path, capsys):
     data.mkdir()
     eval_main(["--write-tasks", str(tmp_path / "tasks"), "--data-dir", str(data)])
     written = sorted(p.name for p in (tmp_path / "tasks").glob("*.yaml"))
-    assert written == ["arc_challenge.yaml", "arc_easy.yaml", "piqa.yaml"]
+    assert written == ["arc_challenge.yaml", "arc_easy.yaml", "hellaswag.yaml", "piqa.yaml"]
     text = (tmp_path / "tasks" / "arc_easy.yaml").read_text()
     assert str(data.resolve()) in text and "${DATA_DIR}" not in text
     assert f"lm_eval --model hf --model_args pretrained=EXPORT_DIR,trust_remote_code=True,dtype=float32 " \

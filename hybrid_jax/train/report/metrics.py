@@ -6,22 +6,32 @@ not report them, e.g. CPU); a run on a blend of datasets adds ``data_tokens/LABE
 gave so far (:meth:`~hybrid_jax.data.pipeline.DataStream.source_tokens`; TensorBoard ``train/data_tokens/LABEL``).
 Throughput is measured between log points, over whole steps: the time of the steps since the previous log, after the
 device finished them. A validation is its own line,
-``{"step", "val_loss", "val_ppl"}`` (TensorBoard ``val/loss``, ``val/ppl``).
+``{"step", "val_loss", "val_ppl"}`` (TensorBoard ``val/loss``, ``val/ppl``), and so is a task evaluation
+(``train.eval_tasks``), ``{"step", "eval/TASK/METRIC", ..., "eval_seconds"}`` (TensorBoard ``eval/TASK/METRIC``). The
+seconds of both are left out of the throughput.
+
+With ``train.wandb_project`` (and the ``wandb`` package) every row also goes to Weights & Biases under the same
+names (training values as ``train/NAME``), from process 0; :func:`start_wandb` starts the W&B run. TensorBoard
+stays the default and is always written.
 
 On resume from step ``N`` the lines past ``N`` (written by the run that was interrupted after its checkpoint) are
 dropped from ``metrics.jsonl`` and TensorBoard is told to purge its points past ``N`` (``purge_step``), so every
 step appears once and the plots have no doubled segment. A line that is not JSON (the cut last write of a killed
-run) is dropped too, with a note.
+run) is dropped too, with a note. W&B cannot drop points: a resumed run continues the same W&B run (its id comes from
+the workdir) and W&B ignores the steps it already has, which an exact resume computes again to the same values.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
+from ml_collections import ConfigDict
 from rich.console import Console
 from tensorboardX import SummaryWriter
 
@@ -63,16 +73,33 @@ def drop_rows_after(path: Path, step: int) -> tuple[int, int]:
     return len(lines) - len(kept) - unreadable, unreadable
 
 
+def start_wandb(config: ConfigDict) -> Any:
+    """The Weights & Biases run of ``train.wandb_project`` in ``train.wandb_mode`` (None when it is empty, and on
+    processes other than 0): named after the workdir, its id derived from the workdir's path so that a resumed run
+    continues it, its files under ``WORKDIR/wandb``, the run config as its config."""
+    t = config.train
+    if not t.wandb_project or jax.process_index() != 0:
+        return None
+    import wandb
+
+    workdir = Path(t.workdir).resolve()
+    run_id = hashlib.sha256(str(workdir).encode()).hexdigest()[:16]
+    return wandb.init(project=t.wandb_project, name=workdir.name, id=run_id, resume="allow", dir=str(workdir),
+                      mode=t.wandb_mode, config=config.to_dict(), settings=wandb.Settings(console="off", quiet=True))
+
+
 class MetricsLogger:
     """Writes the logs of process 0 (other processes only keep time). Call :meth:`log` with host values.
 
     ``resume_step``: the step the run restarts from (see the module docstring); ``console``: where the lines go
-    (the progress display's, so that they print above its bar).
+    (the progress display's, so that they print above its bar); ``wandb_run``: a W&B run to log to as well
+    (:func:`start_wandb`), finished by :meth:`close`.
     """
 
     def __init__(self, workdir: str | Path, *, flops_per_token: float, tokens_per_step: int, total_steps: int,
-                 resume_step: int | None = None, console: Console | None = None):
+                 resume_step: int | None = None, console: Console | None = None, wandb_run: Any = None):
         self.enabled = jax.process_index() == 0
+        self.wandb = wandb_run
         self.flops_per_token, self.tokens_per_step, self.total_steps = flops_per_token, tokens_per_step, total_steps
         self.n_devices = jax.device_count()
         self.peak = peak_flops(jax.devices()[0])
@@ -116,13 +143,16 @@ class MetricsLogger:
             self._write(record)
         return record
 
+    def _pause(self, seconds: float) -> None:
+        """Leave ``seconds`` spent on something else (an evaluation) out of the training throughput."""
+        self._since = self._since and (self._since[0], self._since[1] + seconds)
+        self._clock = self._clock and (self._clock[0], self._clock[1] + seconds)
+
     def log_validation(self, step: int, values: dict[str, float]) -> dict:
         """Record a validation (``val_loss``, ``val_ppl``) at ``step``; returns the record. Its ``seconds`` (when
         given) are left out of the training throughput."""
         values = dict(values)
-        seconds = values.pop("seconds", 0.0)
-        self._since = self._since and (self._since[0], self._since[1] + seconds)
-        self._clock = self._clock and (self._clock[0], self._clock[1] + seconds)
+        self._pause(values.pop("seconds", 0.0))
         record = dict(step=step, **values)
         if self.enabled:
             self.jsonl.write(json.dumps(record) + "\n")
@@ -130,8 +160,32 @@ class MetricsLogger:
             for key, value in values.items():
                 self.tb.add_scalar(f"val/{key.removeprefix('val_')}", value, step)
             self.tb.flush()
+            self._to_wandb({f"val/{k.removeprefix('val_')}": v for k, v in values.items()}, step)
             self.console.print(f"step {step:>6}/{self.total_steps}  validation loss {values['val_loss']:.4f}  "
                                f"perplexity {values['val_ppl']:.2f}", soft_wrap=True)
+        return record
+
+    def log_tasks(self, step: int, values: dict[str, float], documents: int) -> dict:
+        """Record a task evaluation at ``step`` (``{"eval/TASK/METRIC": value, "seconds": s}``, ``documents`` per
+        task); returns the record. Its seconds are left out of the training throughput."""
+        values = dict(values)
+        seconds = values.pop("seconds", 0.0)
+        self._pause(seconds)
+        record = dict(step=step, **values, eval_seconds=seconds)
+        if self.enabled:
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
+            for key, value in values.items():
+                self.tb.add_scalar(key, value, step)
+            self.tb.flush()
+            self._to_wandb({**values, "eval/seconds": seconds}, step)
+            tasks: dict[str, list[str]] = {}
+            for key, value in values.items():
+                _, task, metric = key.split("/", 2)
+                tasks.setdefault(task, []).append(f"{metric} {value:.4f}")
+            shown = "   ".join(f"{task} {' '.join(metrics)}" for task, metrics in tasks.items())
+            self.console.print(f"step {step:>6}/{self.total_steps}  tasks: {shown}  ({documents} documents each, "
+                               f"{seconds:.1f} s)", soft_wrap=True, markup=False, highlight=False)
         return record
 
     def throughput(self) -> tuple[float | None, float | None]:
@@ -151,10 +205,11 @@ class MetricsLogger:
     def _write(self, record: dict) -> None:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
-        for key, value in record.items():
-            if key != "step" and isinstance(value, int | float):
-                self.tb.add_scalar(f"train/{key}", value, record["step"])
+        scalars = {f"train/{k}": v for k, v in record.items() if k != "step" and isinstance(v, int | float)}
+        for key, value in scalars.items():
+            self.tb.add_scalar(key, value, record["step"])
         self.tb.flush()
+        self._to_wandb(scalars, record["step"])
         fmt = lambda key, spec: "-" if record.get(key) is None else format(record[key], spec)
         self.console.print(
             f"step {record['step']:>6}/{self.total_steps}  loss {fmt('loss', '.4f')}  "
@@ -164,7 +219,13 @@ class MetricsLogger:
             soft_wrap=True,
         )
 
+    def _to_wandb(self, values: dict[str, float], step: int) -> None:
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
+
     def close(self) -> None:
         if self.enabled:
             self.jsonl.close()
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

@@ -1,4 +1,5 @@
-"""The optimizer: AdamW with linear warmup + cosine decay, weight decay on matrices only, global-norm clip.
+"""The optimizer: AdamW on the learning-rate schedule (:mod:`.schedule`), weight decay on matrices only, global-norm
+clip.
 
 Weight-decay rule (Megatron's, as Primus trains): a parameter is decayed when it has two or more dimensions,
 so every projection, the conv filters and the tied embedding are decayed, while norm scales, biases and the
@@ -15,18 +16,9 @@ import jax
 import optax
 from ml_collections import ConfigDict
 
+from hybrid_jax.train.step.schedule import learning_rate_schedule
+
 NO_DECAY = frozenset({"A_log", "dt_bias", "D"})
-
-
-def learning_rate_schedule(train_cfg: ConfigDict) -> optax.Schedule:
-    """Linear warmup from 0 to ``lr`` over ``warmup_steps``, then cosine to ``min_lr`` at ``steps``."""
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=train_cfg.lr,
-        warmup_steps=train_cfg.warmup_steps,
-        decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1),
-        end_value=train_cfg.min_lr,
-    )
 
 
 def decays(name: str, ndim: int) -> bool:

@@ -27,7 +27,7 @@ from ml_collections import ConfigDict
 from hybrid_jax.data.pipeline import Batch
 from hybrid_jax.train.step import mesh as mesh_lib
 from hybrid_jax.train.step.loss import cross_entropy
-from hybrid_jax.train.step.optim import learning_rate_schedule
+from hybrid_jax.train.step.schedule import learning_rate_schedule
 
 State = dict[str, Any]
 ModelFactory = Callable[[], nnx.Module]
