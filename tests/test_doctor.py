@@ -30,6 +30,10 @@ def test_doctor_demo_every_kernel_ok(tmp_path, capsys):
     assert "fallback" in env["tuning"] and report["train_steps"] == []
     text = capsys.readouterr().out
     assert "all 4 kernel checks passed" in text and "training step skipped" in text
+    lines = {line.strip(" │┃") for line in text.splitlines()}  # a pipe gets the table at its natural width
+    for r in report["kernels"]:
+        assert any(r["kernel"] in line and r["shape"] in line and ", ".join(r["configs"]) in line for line in lines), r
+    assert "…" not in text
 
 
 def test_doctor_planted_numerics_error_fails_with_the_fallback(monkeypatch, capsys, tmp_path):

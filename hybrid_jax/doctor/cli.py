@@ -121,6 +121,24 @@ def _ms(speed: dict | None, impl: str, what: str) -> str:
     return f"{speed[f'{impl}_{what}_ms']:.3f} / {speed[f'xla_{what}_ms']:.3f} ({speed[f'{what}_speedup']:.2f}x)"
 
 
+def _print_table(console, table) -> None:
+    """A table at its natural width when the output is not a terminal (a pipe or a log is never cut to 80
+    columns); in a terminal, cells fold rather than being cut."""
+    for column in table.columns:
+        column.overflow = "fold"
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.measure import Measurement
+
+    width, natural = console.width, Measurement.get(console, console.options.update_width(100_000), table).maximum
+    console.width = max(width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def _report(console, env: dict, results: list[dict], steps: list[dict]) -> None:
     from rich.table import Table
 
@@ -129,7 +147,7 @@ def _report(console, env: dict, results: list[dict], steps: list[dict]) -> None:
         info.add_row(key, str(env[key]))
     info.add_row("versions", ", ".join(f"{k} {v}" for k, v in env["versions"].items()))
     info.add_row("memory GiB", ", ".join(f"{k} {v}" for k, v in env["memory_gib"].items()))
-    console.print(info)
+    _print_table(console, info)
     table = Table("kernel", "impl", "shape", "configs", "lowers", "vs XLA (worst)", "vs naive (worst)",
                   "fwd ms ours / XLA", "fwd+bwd ms ours / XLA", "ok")
     for r in results:
@@ -137,7 +155,7 @@ def _report(console, env: dict, results: list[dict], steps: list[dict]) -> None:
         table.add_row(r["kernel"], r["impl"], r["shape"], ", ".join(r["configs"]), "yes" if r["lowers"] else "NO",
                       worst(r.get("errors_xla")), worst(r.get("errors_naive")), _ms(r.get("speed"), r["impl"], "fwd"),
                       _ms(r.get("speed"), r["impl"], "fwd_bwd"), "ok" if r["ok"] else "[bold red]FAIL")
-    console.print(table)
+    _print_table(console, table)
     if steps:
         st = Table("train step", "impl", "micro batch x seq", "step s", "tokens/s", "MFU", "peak GiB", "ok")
         for s in steps:
@@ -145,7 +163,7 @@ def _report(console, env: dict, results: list[dict], steps: list[dict]) -> None:
                        str(s.get("step_s", "-")), f"{s['tokens_per_s']:,.0f}" if "tokens_per_s" in s else "-",
                        f"{s['mfu']:.1%}" if s.get("mfu") else "-", str(s.get("peak_memory_gib") or "-"),
                        "ok" if s["ok"] else "[bold red]FAIL")
-        console.print(st)
+        _print_table(console, st)
 
 
 def main(argv: list[str] | None = None) -> int:
