@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         shapes = [dataclasses.replace(s.small(T=64), K=16, V=16) for s in shapes]
     op = OPS[shapes[0].op]
-    begin = op.config()  # KDA shapes start from (and print) the KDA table
+    begin = op.config(dims=shapes[0].key[1:])  # the table's entry for the op at these head dims
     begin = override(begin, args.start) if args.start else begin
     search = Search(shapes, begin, interpret=args.smoke, repeats=args.repeats)
     axes = search.axes()

@@ -99,7 +99,8 @@ def _recurrent(name: str, function: str, delta: bool, per_key: bool) -> Op:
     return Op(name=name, function=function, delta=delta, per_key=per_key,
               implementations={"naive": _naive, "xla": _xla, "pallas": functools.partial(_pallas, interpret=False),
                                "pallas_interpret": functools.partial(_pallas, interpret=True)},
-              config=lambda arch=None, **_: tuning.recurrent_config(arch, per_key=per_key),
+              config=lambda arch=None, dims=None, **_: tuning.recurrent_config(arch, per_key=per_key, op=name,
+                                                                               dims=dims),
               search_space=recurrent_search_space)
 
 

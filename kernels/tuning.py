@@ -197,6 +197,23 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
 }
 
 
+# Entries for one op at padded head dims ``(K, V)`` over its architecture's entry: the tuner's winners that training
+# tokens/s confirmed (``(arch, op, K, V)``; a user's tuning file still comes first).
+RECURRENT_AT_DIMS: dict[tuple[str, str, int, int], RecurrentConfig] = {
+    ("sm90", "gdn", 64, 64): dataclasses.replace(  # NOTES.md "sm90 GDN at K = V = 64"
+        RECURRENT["sm90"],
+        block_v=32,
+        block_v_bwd=64,
+        wy=Launch(4, 3),
+        state=Launch(4, 3),
+        output=Launch(4, 1),
+        state_bwd=Launch(4, 3),
+        grad=Launch(4, 3),
+        grad_wy=Launch(4, 1),
+    ),
+}
+
+
 def arch_of(device_kind: str, platform: str) -> str:
     """Map a device kind (``jax.devices()[0].device_kind``) and platform to a table key."""
     kind = device_kind.lower()
@@ -227,17 +244,21 @@ def recurrent_op(per_key: bool, delta: bool) -> str:
 
 def recurrent_config(arch: str | None = None, per_key: bool = False, op: str | None = None,
                      dims: tuple[int, int] | None = None) -> RecurrentConfig:
-    """The recurrent-kernel config for ``arch``'s built-in table; ``per_key``: KDA's table. With ``arch=None`` (the
-    current device), ``op`` (``gdn`` / ``kda`` / ``gla``) and padded head ``dims`` ``(K, V)``, the entry of the
-    tuning file in use for that shape comes first (``kernels/tuning_file.py``)."""
+    """The recurrent-kernel config for ``arch``'s built-in table (``None``: the current device); ``per_key``: KDA's
+    table. With ``op`` (``gdn`` / ``kda`` / ``gla``) and padded head ``dims`` ``(K, V)``, an entry of
+    :data:`RECURRENT_AT_DIMS` for that shape comes before the architecture's, and with ``arch=None`` the entry of the
+    tuning file in use for that shape before both (``kernels/tuning_file.py``)."""
     if arch is None and op is not None and dims is not None:
         from hybrid_jax.kernels import tuning_file
 
         tf = tuning_file.active()
         if tf is not None and (op, *dims) in tf.recurrent:
             return tf.recurrent[(op, *dims)]
+    arch = current_arch() if arch is None else arch
+    if op is not None and dims is not None and (arch, op, *dims) in RECURRENT_AT_DIMS:
+        return RECURRENT_AT_DIMS[(arch, op, *dims)]
     table = RECURRENT_KDA if per_key else RECURRENT
-    return table.get(current_arch() if arch is None else arch, table["fallback"])
+    return table.get(arch, table["fallback"])
 
 
 @dataclasses.dataclass(frozen=True)

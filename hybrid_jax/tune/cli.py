@@ -123,14 +123,15 @@ def main(argv: list[str] | None = None) -> Path:
         task = progress.add_task("preparing inputs", total=None)
         for (op, K, V), entries in by_key.items():
             problems = [p for p, _ in entries]
-            start = tuning.recurrent_config(arch=arch if args.start == "builtin" else "fallback", per_key=op == "kda")
+            start = tuning.recurrent_config(arch=arch if args.start == "builtin" else "fallback", per_key=op == "kda",
+                                            op=op, dims=(K, V))
             chunks = sorted({p.chunk for p in problems if p.chunk})
             if len(chunks) > 1:
                 notes.append(f"{op} K{K} V{V}: configs set chunk sizes {chunks}: tuned at {chunks[0]}")
             start = dataclasses.replace(start, chunk=chunks[0]) if chunks else start
             searches.append(Search(problems, start, interpret=interpret, repeats=repeats))
-            builtins.append(dataclasses.replace(tuning.recurrent_config(arch=arch, per_key=op == "kda"),
-                                                chunk=start.chunk))
+            builtins.append(dataclasses.replace(tuning.recurrent_config(arch=arch, per_key=op == "kda", op=op,
+                                                                        dims=(K, V)), chunk=start.chunk))
         totals = [sum(len(a.values) - 1 for a in k.axes()) for k in searches]
         progress.update(task, total=sum(totals), completed=0)
         done = 0

@@ -88,7 +88,7 @@ def kernel_case(p: Problem, arch: str, variant: str = "", *, initial_state: bool
     specs = p.specs(initial_state=initial_state, segments=segments)
     names = list(specs)
     if p.recurrent:
-        config = recurrent_config(arch, per_key=p.per_key)
+        config = recurrent_config(arch, per_key=p.per_key, op=p.op, dims=p.key[1:])
         config = override(config, variant) if variant else config
 
         def fwd(*xs):

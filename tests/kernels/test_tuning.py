@@ -24,6 +24,25 @@ def test_tuning_lookup(kind, platform, arch):
     assert cfg is tuning.RECURRENT_KDA[arch] and cfg.block_v & (cfg.block_v - 1) == 0 and cfg.chunk == 16
 
 
+def test_entries_at_head_dims_come_before_the_arch_entry(monkeypatch):
+    """``RECURRENT_AT_DIMS`` holds whole entries for one op at padded (K, V); a user's tuning file still comes first,
+    and other ops, dims and architectures keep the architecture's entry."""
+    at = tuning.recurrent_config("sm90", op="gdn", dims=(64, 64))
+    assert at is tuning.RECURRENT_AT_DIMS[("sm90", "gdn", 64, 64)] and at != tuning.RECURRENT["sm90"]
+    assert at.documents_branch and at.split_grad_from == tuning.RECURRENT["sm90"].split_grad_from
+    assert tuning.recurrent_config("sm90", op="gdn", dims=(128, 128)) is tuning.RECURRENT["sm90"]
+    assert tuning.recurrent_config("sm90", op="gla", dims=(64, 64)) is tuning.RECURRENT["sm90"]
+    assert tuning.recurrent_config("gfx942", op="gdn", dims=(64, 64)) is tuning.RECURRENT["gfx942"]
+    monkeypatch.setattr(tuning, "current_arch", lambda: "sm90")
+    assert tuning.recurrent_config(op="gdn", dims=(64, 64)) is at
+    from hybrid_jax.kernels import tuning_file
+
+    mine = RecurrentConfig(block_v=16)
+    monkeypatch.setattr(tuning_file, "active", lambda: tuning_file.TuningFile(
+        path=None, device_kind="NVIDIA H200", versions={}, recurrent={("gdn", 64, 64): mine}, attention={}))
+    assert tuning.recurrent_config(op="gdn", dims=(64, 64)) is mine
+
+
 def test_chunks_per_program_rule():
     """The loop applies where the padded ``K * V`` reaches ``chunks_per_program_from`` (``None``: never); the sm90 KDA
     table loops at K = V = 128 only, its GDN table not at all (benchmarks/NOTES.md, option evidence)."""
