@@ -25,6 +25,7 @@ from absl import logging
 from benchmarks import configs, record
 from hybrid_jax.data import DataStream
 from hybrid_jax.flops import flops_per_token, peak_flops
+from hybrid_jax.kernels import tuning_file
 from hybrid_jax.model import count_params
 from hybrid_jax.train.report.metrics import device_memory_gib
 from hybrid_jax.train.trainer import build_trainer
@@ -47,6 +48,7 @@ def resident_gib(tree) -> float:
 def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_steps: int = 3,
               devices: list | None = None) -> dict:
     t0 = time.perf_counter()
+    launch_configs = tuning_file.use(config.model.tuning)  # as the trainer's start-up chooses them
     trainer = build_trainer(config, devices)
     mesh, accum, state, step = trainer.mesh, trainer.accum, trainer.state, trainer.step
     data = DataStream.open(config, process_index=jax.process_index(), process_count=jax.process_count())
@@ -96,6 +98,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
         devices=mesh.size,
         jax=jax.__version__,
         kernel_impl=config.model.kernel_impl,
+        launch_configs=launch_configs,
         dtype=config.model.dtype,
         remat=config.model.remat,
         micro_batch_size=config.train.micro_batch_size,
