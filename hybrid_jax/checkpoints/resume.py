@@ -112,20 +112,28 @@ def plan_resume(workdir: Path, config: ConfigDict, abstract_params: dict, *, ski
             if reason is not None:
                 plan.damaged.append((step, reason))
                 continue
-            try:
-                check_shapes(abstract_params, saved.get("params", {}), prefix="params/")
-            except ValueError as e:
-                raise type(e)(f"{workdir} step {step}: {e}; or use a new train.workdir") from None
-            try:
-                trained = trained_config(workdir, step)
-            except (OSError, ValueError) as e:
-                raise history.ConfigUnreadable(f"the config of checkpoint step {step} cannot be read: {e}") from None
-            plan.changes = history.check_change(workdir, step, trained, config)
+            plan.changes = _check_against(workdir, step, saved, abstract_params, config,
+                                          where=f"{workdir} step {step}", fix="; or use a new train.workdir")
             plan.step = step
             return plan
     why = "; ".join(f"step {s}: {r}" for s, r in plan.damaged)
     raise NoUsableCheckpoint(f"no checkpoint in {checkpoint_dir(workdir)} passes its checks ({why}); nothing was "
                              "moved: restore a good copy, or start over in a new train.workdir")
+
+
+def _check_against(workdir: Path, step: int, saved: dict, abstract_params: dict, config: ConfigDict, *, where: str,
+                   fix: str = "") -> dict:
+    """The config change from ``workdir``'s checkpoint ``step`` (its saved tree ``saved``) to ``config``, after its
+    parameter shapes are checked against the model's; a refusal names ``where`` (and ends with ``fix``)."""
+    try:
+        check_shapes(abstract_params, saved.get("params", {}), prefix="params/")
+    except ValueError as e:
+        raise type(e)(f"{where}: {e}{fix}") from None
+    try:
+        trained = trained_config(workdir, step)
+    except (OSError, ValueError) as e:
+        raise history.ConfigUnreadable(f"{where}: its config cannot be read: {e}") from None
+    return history.check_change(workdir, step, trained, config)
 
 
 def parse_branch(spec: str) -> tuple[Path, int | None]:
@@ -160,16 +168,8 @@ def plan_branch(workdir: Path, config: ConfigDict, abstract_params: dict) -> Res
             saved = reader.saved_tree(step)
         except CheckpointDamaged as e:
             raise NoUsableCheckpoint(f"train.branch_from={spec}: {e}") from None
-    try:
-        check_shapes(abstract_params, saved.get("params", {}), prefix="params/")
-    except ValueError as e:
-        raise type(e)(f"train.branch_from={spec} step {step}: {e}") from None
-    try:
-        trained = trained_config(source, step)
-    except (OSError, ValueError) as e:
-        raise history.ConfigUnreadable(f"train.branch_from={spec}: the config of its step {step} cannot be read: "
-                                       f"{e}") from None
-    changes = history.check_change(source, step, trained, config)
+    changes = _check_against(source, step, saved, abstract_params, config,
+                             where=f"train.branch_from={spec} step {step}")
     return ResumePlan(step=step, changes=changes, source=source,
                       notes=[f"branching from {source} step {step}: its train state and data position, this run's "
                              f"config ({history.shown(changes) or 'unchanged'})"])
