@@ -1,4 +1,5 @@
-"""Shared building blocks: initialisers, linear layers, RMSNorm (plain and grouped), short causal conv, SwiGLU MLP.
+"""Shared building blocks: initialisers, the token lookup, linear layers, RMSNorm (plain and grouped), short causal
+conv, SwiGLU MLP.
 
 Conventions (all modules of ``hybrid_jax.model``):
 
@@ -9,6 +10,7 @@ Conventions (all modules of ``hybrid_jax.model``):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -66,6 +68,44 @@ def dense(cfg: ConfigDict, d_in: int, d_out: int, *, rngs: nnx.Rngs, kernel_init
 
 
 # --------------------------------------------------------------------------------------------- norms
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def lookup(table: jax.Array, tokens: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Rows of ``table [V, D]`` at integer ``tokens [..., T]``: ``[..., T, D]`` in ``dtype`` (``nnx.Embed``'s values).
+
+    The gradient for ``table`` is in ``table``'s dtype and sums in float32: within each row of ``tokens`` (the last
+    axis) the ids are sorted and each id's cotangents summed as one segment, then one scatter-add puts each row's
+    sums into ``[V, D]``. The scatter-add that a gather's transpose becomes adds in the cotangents' dtype (bfloat16)
+    and serialises its atomic adds on ids that repeat; real text repeats a few ids thousands of times per batch, so
+    it made a step on real data slower than on uniform mock tokens. Rows stay whole, so a batch split over devices
+    is summed where it lies."""
+    return jnp.take(table, tokens, axis=0).astype(dtype)
+
+
+def _lookup_fwd(table: jax.Array, tokens: jax.Array, dtype: jnp.dtype) -> tuple[jax.Array, tuple]:
+    return lookup(table, tokens, dtype), (tokens, jnp.zeros((table.shape[0], 0), table.dtype))  # V and dtype
+
+
+def _lookup_bwd(dtype: jnp.dtype, res: tuple, grad: jax.Array) -> tuple[jax.Array, None]:
+    tokens, like = res
+    vocab, T = like.shape[0], tokens.shape[-1] if tokens.ndim else 1
+    ids = tokens.reshape(-1, T)
+    rows = grad.reshape(*ids.shape, -1).astype(jnp.float32)
+    order = jnp.argsort(ids, axis=-1)
+    ids = jnp.take_along_axis(ids, order, axis=-1)  # [R, T], each row sorted
+    rows = jnp.take_along_axis(rows, order[..., None], axis=1)
+    starts = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    segment = jnp.cumsum(starts, axis=1) - 1  # [R, T]: the index of each position's id among its row's ids
+    sums = jax.vmap(lambda r, s: jax.ops.segment_sum(r, s, num_segments=T, indices_are_sorted=True))(rows, segment)
+    first = jnp.where(starts, ids, vocab)
+    unique = jax.vmap(lambda f, s: jax.ops.segment_min(f, s, num_segments=T, indices_are_sorted=True))(first, segment)
+    summed = jnp.zeros((vocab, rows.shape[-1]), jnp.float32).at[unique.reshape(-1)].add(
+        sums.reshape(-1, rows.shape[-1]), mode="drop")  # unused segments hold an id >= vocab: dropped
+    return summed.astype(like.dtype), None
+
+
+lookup.defvjp(_lookup_fwd, _lookup_bwd)
+
+
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
     """``x / sqrt(mean(x^2) + eps)`` over the last axis, in float32."""
     x = x.astype(jnp.float32)

@@ -25,7 +25,7 @@ from ml_collections import ConfigDict
 from hybrid_jax.model.cache import Cache, MLACache, RecurrentCache
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.kda import KimiDeltaAttention
-from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, normal_init, sow
+from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, lookup, normal_init, sow
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA
 from hybrid_jax.model.plan import layer_plan, sublayer_kinds
@@ -120,7 +120,7 @@ class HybridLM(nnx.Module):
         ``segment_ids [B,T]`` int (packed documents, nondecreasing; ``None``: one sequence per row): each document
         is computed as if alone: recurrent states and short convs restart, attention stays inside it and, with
         ``model.reset_positions``, RoPE positions restart."""
-        h = self.embed(tokens)
+        h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
         for layer in self.layers:
             h = layer(h, segment_ids) if segment_ids is not None else layer(h)
         return self.final_norm(h)
@@ -139,7 +139,7 @@ class HybridLM(nnx.Module):
 
         Returns the logits of each row's last real token ``[B,V]`` float32 and the cache advanced by ``n``.
         """
-        h = self.embed(tokens)
+        h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
         layers = []
         for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
             h, layer_cache = layer.extend(h, n, cache.lengths, layer_cache)

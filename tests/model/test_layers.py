@@ -252,3 +252,27 @@ def test_mlp_is_swiglu_without_an_activation_sized_concatenate(cfg):
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(state, x).jaxpr
     sizes = [int(np.prod(e.outvars[0].aval.shape)) for e in jaxpr_equations(jaxpr) if e.primitive.name == "concatenate"]
     assert all(size < B * T * 2 * cfg.ffn_size for size in sizes), sizes
+
+
+def test_token_lookup_gradient_is_a_float32_sum_per_id():
+    """``lookup``'s values are ``nnx.Embed``'s; its table gradient sums each id's bfloat16 cotangents in float32 (the
+    gather's own transpose adds them in bfloat16), zero for ids not in the batch, and holds under jit and vmap."""
+    from flax import nnx
+
+    from hybrid_jax.model.layers import lookup
+
+    rng = np.random.default_rng(0)
+    embed = nnx.Embed(300, 8, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    table = embed.embedding[...]
+    tokens = jnp.asarray(np.concatenate([np.full((2, 40), 7), rng.integers(0, 20, (2, 24))], axis=1), jnp.int32)
+    w = jnp.asarray(rng.standard_normal((2, 64, 8)), jnp.float32)
+    assert jnp.array_equal(lookup(table, tokens, jnp.bfloat16), embed(tokens))
+    grad = jax.jit(jax.grad(lambda t: jnp.sum(lookup(t, tokens, jnp.bfloat16).astype(jnp.float32) * w)))(table)
+    cot = w.astype(jnp.bfloat16).astype(np.float64).reshape(-1, 8)
+    want = np.zeros((300, 8))
+    np.add.at(want, np.asarray(tokens).reshape(-1), cot)
+    np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-6)  # 80 adds of id 7 in bfloat16 miss by ~1e-1
+    assert grad.dtype == jnp.float32 and not np.any(grad[20:])
+    per_row = jax.vmap(jax.grad(lambda t, x, v: jnp.sum(lookup(t, x, jnp.bfloat16).astype(jnp.float32) * v)),
+                       in_axes=(None, 0, 0))
+    np.testing.assert_allclose(per_row(table, tokens, w).sum(0), grad, rtol=1e-5, atol=1e-5)
