@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
                 from hybrid_jax.export.import_fla import import_fla as do_import
             source = args.from_hf or args.from_fla
             config = do_import(source, args.workdir, base)
-            against = "" if args.config else " (the overrides are against base_config(); --config C: against C's)"
+            against = "" if args.config else " (overrides against base_config(); import with --config C for C's)"
             print(f"imported {source} into {args.workdir} (step 0). Train from it with{against}:\n"
                   + " ".join(["python -m hybrid_jax.train --config", shlex.quote(args.config or "CONFIG"),
                               f"--config.train.workdir={shlex.quote(str(args.workdir))}",
