@@ -38,6 +38,7 @@ def base_config() -> ConfigDict:
             hybrid_attention_ratio=0.0,
             mixer="gdn",  # what "M" in the plan means: gdn | kda | mamba2
             ffn_size=4096,
+            tie_embeddings=True,  # the output layer is the embedding; False: a separate lm_head [V, D]
             norm_eps=1e-6,
             init_std=0.02,
             param_dtype="float32",
@@ -93,7 +94,7 @@ def base_config() -> ConfigDict:
             b2=0.95,
             eps=1e-8,
             clip_norm=1.0,
-            loss_chunk_size=4096,  # tokens per chunk of the tied-embedding cross-entropy (logits [chunk, vocab])
+            loss_chunk_size=4096,  # tokens per chunk of the LM-head cross-entropy (logits [chunk, vocab])
             zero1=False,
             max_skipped_in_a_row=10,
             workdir="",

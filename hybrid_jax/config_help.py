@@ -21,6 +21,7 @@ MEANINGS: dict[str, str] = {
     "model.hybrid_attention_ratio": "share of mixers that are MLA when the plan is derived (Primus's rule)",
     "model.mixer": "what M in the plan means: gdn | kda | mamba2",
     "model.ffn_size": "SwiGLU MLP inner width",
+    "model.tie_embeddings": "the output layer is the embedding (True) or its own lm_head [vocab, hidden] (False)",
     "model.norm_eps": "RMSNorm epsilon",
     "model.init_std": "standard deviation of the normal weight init",
     "model.param_dtype": "dtype of the master weights (float32)",

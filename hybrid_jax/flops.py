@@ -3,9 +3,9 @@
 One formula, used by the trainer's logs and the benchmarks. Per token, forward pass:
 
 * **Projections**: ``2 x`` every weight matrix applied per token, i.e. ``2 x`` the number of parameters with
-  two or more dimensions other than the embedding (all linear layers, the low-rank gates, the depthwise
-  convs: a ``[k, C]`` conv is ``k C`` multiply-adds per token), read from the model's abstract parameters.
-* **LM head**: ``2 V D`` (the tied embedding as output layer; the input lookup is free).
+  two or more dimensions other than the embedding and the output layer (all linear layers, the low-rank gates, the
+  depthwise convs: a ``[k, C]`` conv is ``k C`` multiply-adds per token), read from the model's abstract parameters.
+* **LM head**: ``2 V D`` (the output layer, tied embedding or untied ``lm_head``; the input lookup is free).
 * **Attention** (each MLA sublayer, sequence ``T``): ``2 H (d_qk + d_v) T`` for scores and values, halved
   because it is causal: ``H (d_qk + d_v) T`` with ``d_qk = qk_nope + qk_rope``.
 * **Chunked recurrences** (each mixer, chunk ``C``, per value head with key dim ``K`` and value dim ``V``):
@@ -41,7 +41,8 @@ PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 
 
 def matrix_params(model_cfg: ConfigDict) -> int:
-    """Parameters in weight matrices (ndim >= 2) other than the embedding, from the abstract model (no allocation)."""
+    """Parameters in weight matrices (ndim >= 2) other than the embedding and an untied ``lm_head`` (the LM head term
+    counts the output layer), from the abstract model (no allocation)."""
     from hybrid_jax.model import HybridLM
 
     abstract = nnx.eval_shape(lambda: HybridLM(model_cfg, rngs=nnx.Rngs(0)))
@@ -49,7 +50,7 @@ def matrix_params(model_cfg: ConfigDict) -> int:
     total = 0
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         name = "/".join(str(getattr(k, "key", k)) for k in path)
-        if len(leaf.shape) >= 2 and not name.startswith("embed"):
+        if len(leaf.shape) >= 2 and not name.startswith(("embed", "lm_head")):
             total += int(np.prod(leaf.shape))
     return total
 

@@ -56,7 +56,7 @@ class HybridJaxLM(TemplateLM):
             float32, target == argmax [K] bool) at those positions."""
             model = nnx.merge(graphdef, state)
             h = model.features(inputs)
-            logits = tied_logits(h.reshape(-1, h.shape[-1])[slots], model.embedding)  # [K, V] float32
+            logits = tied_logits(h.reshape(-1, h.shape[-1])[slots], model.output_embedding)  # [K, V] float32
             wanted = targets.reshape(-1)[slots]
             picked = jnp.take_along_axis(logits, wanted[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
             return picked, jnp.argmax(logits, axis=-1) == wanted

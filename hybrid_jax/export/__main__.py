@@ -1,22 +1,30 @@
-"""``python -m hybrid_jax.export``: checkpoints to PyTorch formats, and FLA checkpoints back into a workdir.
+"""``python -m hybrid_jax.export``: checkpoints to PyTorch formats, and FLA checkpoints or our HF exports back.
 
     python -m hybrid_jax.export --workdir DIR [--step N] --out OUT_DIR [--format hf|fla] [--dtype fp32|bf16]
     python -m hybrid_jax.export --from-fla FLA_DIR --workdir DIR [--config configs/X.py]
+    python -m hybrid_jax.export --from-hf HF_DIR --workdir DIR [--config configs/X.py]
 
 The first writes safetensors + config.json (+ modeling_hybrid.py for ``hf``) + tokenizer files + README.md; ``fla``
-works for pure GDN / pure KDA models only. The second writes a step-0 checkpoint of FLA's weights into DIR that
-``python -m hybrid_jax.train`` resumes from (pass the printed model overrides to the trainer).
+works for pure GDN / pure KDA models only. The others write a step-0 checkpoint of the weights into DIR that
+``python -m hybrid_jax.train`` resumes from; they print the train command, with the model keys that differ from
+the config (``--config``, else ``base_config()``).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
-from hybrid_jax.config import load_config_file
+from ml_collections import ConfigDict
+
+from hybrid_jax.config import base_config, flat_items, load_config_file
 from hybrid_jax.data.run_tokenizer import NoTokenizer
 from hybrid_jax.export.tensors import ExportError
+from hybrid_jax.model.plan import sublayer_kinds
 from hybrid_jax.quiet import quiet_absl
+
+SUBCONFIGS = ("gdn", "kda", "mamba2", "mla")  # model keys of one sublayer kind each
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,39 +34,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="export directory")
     p.add_argument("--format", default="hf", choices=("hf", "fla"))
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    p.add_argument("--from-fla", metavar="FLA_DIR", help="import this FLA checkpoint into --workdir instead")
-    p.add_argument("--config", help="with --from-fla: a config file (configs/*.py) for everything but the model shape")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--from-fla", metavar="FLA_DIR", help="import this FLA checkpoint into --workdir instead")
+    source.add_argument("--from-hf", metavar="HF_DIR", help="import this HF export of ours into --workdir instead")
+    p.add_argument("--config", help="with --from-fla / --from-hf: a config file (configs/*.py) for every key the "
+                   "checkpoint does not set")
     args = p.parse_args(argv)
-    if not args.from_fla and not args.out:
-        p.error("--out is required (or --from-fla to import)")
+    if not (args.from_fla or args.from_hf or args.out):
+        p.error("--out is required (or --from-fla / --from-hf to import)")
     return args
 
 
-def _overrides(model_cfg) -> list[str]:
-    flat = {"": model_cfg.to_dict()}
-    out = []
-    while flat:
-        prefix, d = flat.popitem()
-        for k, v in d.items():
-            if isinstance(v, dict):
-                flat[f"{prefix}{k}."] = v
-            else:
-                out.append(f"--config.model.{prefix}{k}={v}")
-    return sorted(out)
+def overrides(model_cfg: ConfigDict, base: ConfigDict) -> list[str]:
+    """``--config.model.KEY=VALUE`` for each model key of ``model_cfg`` that differs from ``base``'s, leaving out the
+    sub-configs of sublayer kinds the model does not use (shell-quoted, sorted)."""
+    used = set(sublayer_kinds(model_cfg))
+    was = dict(flat_items(base))
+    return sorted(f"--config.model.{key}={shlex.quote(str(value))}" for key, value in flat_items(model_cfg)
+                  if was.get(key) != value and not (key.split(".")[0] in SUBCONFIGS and key.split(".")[0] not in used))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     quiet_absl()
     try:
-        if args.from_fla:
-            from hybrid_jax.export.import_fla import import_fla
-
-            base = load_config_file(args.config) if args.config else None
-            config = import_fla(args.from_fla, args.workdir, base)
-            print(f"imported {args.from_fla} into {args.workdir} (step 0). Train from it with:\n"
-                  f"python -m hybrid_jax.train --config {args.config or 'CONFIG'} "
-                  f"--config.train.workdir={args.workdir} " + " ".join(_overrides(config.model)))
+        if args.from_fla or args.from_hf:
+            base = load_config_file(args.config) if args.config else base_config()
+            if args.from_hf:
+                from hybrid_jax.export.import_hf import import_hf as do_import
+            else:
+                from hybrid_jax.export.import_fla import import_fla as do_import
+            source = args.from_hf or args.from_fla
+            config = do_import(source, args.workdir, base)
+            against = "" if args.config else " (overrides against base_config(); import with --config C for C's)"
+            print(f"imported {source} into {args.workdir} (step 0). Train from it with{against}:\n"
+                  + " ".join(["python -m hybrid_jax.train --config", shlex.quote(args.config or "CONFIG"),
+                              f"--config.train.workdir={shlex.quote(str(args.workdir))}",
+                              *overrides(config.model, base.model)]))
             return
         from hybrid_jax.export.writer import export
 

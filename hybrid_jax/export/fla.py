@@ -2,13 +2,11 @@
 
 FLA layer ``j`` holds our sublayers ``2j`` (the mixer, ``attn``) and ``2j + 1`` (the MLP), so only plans of the form
 ``M-M-...`` with one mixer kind map onto it. One rule table drives both directions: each rule names one of our
-parameters, its FLA piece(s) (fused tensors are split along the PyTorch output axis) and a layout:
+parameters, its FLA piece(s) (fused tensors are split along the PyTorch output axis) and a layout (``linear``,
+``conv`` or ``same``: ``hybrid_jax.export.tensors``).
 
-* ``linear``: our ``kernel [in, out]`` is PyTorch ``weight [out, in]`` (transpose);
-* ``conv``: our ``kernel [K, C]`` is PyTorch depthwise ``weight [C, 1, K]``;
-* ``same``: vectors (norm weights, ``A_log``, ``dt_bias``, biases) and the embedding.
-
-The embedding is tied: export writes ``lm_head.weight`` as a copy; import refuses an untied ``lm_head``.
+The output layer follows ``model.tie_embeddings`` <-> FLA's ``tie_word_embeddings`` (FLA's own default is False):
+a tied model's ``lm_head.weight`` is written as a copy of the embedding, an untied one's is our ``lm_head``.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ from typing import NamedTuple
 import numpy as np
 from ml_collections import ConfigDict
 
-from hybrid_jax.export.tensors import ExportError
-from hybrid_jax.model.plan import layer_plan, sublayer_kinds
+from hybrid_jax.export.tensors import ExportError, from_torch, to_torch
+from hybrid_jax.model.plan import layer_plan, plan_fields, sublayer_kinds
 
 ARCHITECTURES = {"gdn": ("gated_deltanet", "GatedDeltaNetForCausalLM"), "kda": ("kda", "KDAForCausalLM")}
 FLA_PREFIX = "model.layers.{j}."
@@ -82,6 +80,8 @@ def _rules(model_cfg: ConfigDict) -> list[tuple[str, str, Rule]]:
     kind = fla_kind(model_cfg)
     out = [("embed.embedding", "", Rule("", (("model.embeddings.weight", 0),), "same")),
            ("final_norm.weight", "", Rule("", (("model.norm.weight", 0),), "same"))]
+    if not model_cfg.tie_embeddings:
+        out.append(("lm_head", "", Rule("", (("lm_head.weight", 0),), "same")))
     for j in range(len(sublayer_kinds(model_cfg)) // 2):
         prefix = FLA_PREFIX.format(j=j)
         out += [(f"layers.{2 * j}.{r.ours}", prefix, r) for r in _mixer_rules(kind, model_cfg)]
@@ -89,44 +89,38 @@ def _rules(model_cfg: ConfigDict) -> list[tuple[str, str, Rule]]:
     return out
 
 
-def _to_torch(x: np.ndarray, layout: str) -> np.ndarray:
-    return {"linear": lambda a: a.T, "conv": lambda a: a.T[:, None, :], "same": lambda a: a}[layout](x)
-
-
-def _from_torch(x: np.ndarray, layout: str) -> np.ndarray:
-    return {"linear": lambda a: a.T, "conv": lambda a: a[:, 0, :].T, "same": lambda a: a}[layout](x)
-
-
 def to_fla(params: dict[str, np.ndarray], model_cfg: ConfigDict) -> dict[str, np.ndarray]:
-    """Our flat parameters -> FLA state dict (numpy, PyTorch layouts), ``lm_head.weight`` a copy of the embedding."""
+    """Our flat parameters -> FLA state dict (numpy, PyTorch layouts); ``lm_head.weight`` is our ``lm_head``, or a
+    copy of the embedding when tied."""
     out = {}
     for ours, prefix, rule in _rules(model_cfg):
         if ours not in params:
             raise ExportError(f"--format fla: our parameter {ours!r} is missing")
-        value = _to_torch(params[ours], rule.layout)
+        value = to_torch(params[ours], rule.layout)
         sizes = [s for _, s in rule.pieces]
         if len(sizes) > 1 and sum(sizes) != value.shape[0]:
             raise ExportError(f"--format fla: {ours!r} has {value.shape[0]} output rows, the split "
                               f"{[n for n, _ in rule.pieces]} needs {sum(sizes)}")
         parts = np.split(value, np.cumsum(sizes)[:-1], axis=0) if len(sizes) > 1 else [value]
         out.update({prefix + name: np.ascontiguousarray(p) for (name, _), p in zip(rule.pieces, parts, strict=True)})
-    out["lm_head.weight"] = out["model.embeddings.weight"].copy()
+    if model_cfg.tie_embeddings:
+        out["lm_head.weight"] = out["model.embeddings.weight"].copy()
     return out
 
 
 def from_fla(tensors: dict[str, np.ndarray], model_cfg: ConfigDict) -> dict[str, np.ndarray]:
-    """FLA state dict -> our flat parameters (inverse of :func:`to_fla`). A missing FLA key is an ExportError;
-    an ``lm_head.weight`` that differs from the embedding (an untied model) too."""
+    """FLA state dict -> our flat parameters (inverse of :func:`to_fla`). A missing FLA key is an ExportError; so is
+    an ``lm_head.weight`` that differs from the embedding of a model whose config ties them."""
     out = {}
     for ours, prefix, rule in _rules(model_cfg):
         missing = [prefix + n for n, _ in rule.pieces if prefix + n not in tensors]
         if missing:
             raise ExportError(f"FLA checkpoint: missing tensor {missing[0]!r} (for our {ours!r})")
-        out[ours] = _from_torch(np.concatenate([tensors[prefix + n] for n, _ in rule.pieces], axis=0), rule.layout)
+        out[ours] = from_torch(np.concatenate([tensors[prefix + n] for n, _ in rule.pieces], axis=0), rule.layout)
     head = tensors.get("lm_head.weight")
-    if head is not None and not np.array_equal(head, tensors["model.embeddings.weight"]):
-        raise ExportError("FLA checkpoint: 'lm_head.weight' differs from 'model.embeddings.weight'; our models tie "
-                          "the output layer to the embedding (set tie_word_embeddings=True in FLA)")
+    if model_cfg.tie_embeddings and head is not None and not np.array_equal(head, tensors["model.embeddings.weight"]):
+        raise ExportError("FLA checkpoint: 'lm_head.weight' differs from 'model.embeddings.weight' although its "
+                          "config.json says tie_word_embeddings=true")
     known = {prefix + n for _, prefix, rule in _rules(model_cfg) for n, _ in rule.pieces} | {"lm_head.weight"}
     extra = sorted(set(tensors) - known)
     if extra:
@@ -136,7 +130,7 @@ def from_fla(tensors: dict[str, np.ndarray], model_cfg: ConfigDict) -> dict[str,
 
 
 def fla_config(model_cfg: ConfigDict, *, max_position_embeddings: int = 2048) -> dict:
-    """The FLA ``config.json`` of a pure GDN/KDA model (tied embedding, unfused kernels for portability)."""
+    """The FLA ``config.json`` of a pure GDN/KDA model (its embedding tying, unfused kernels for portability)."""
     kind = fla_kind(model_cfg)
     c = model_cfg[kind]
     model_type, arch = ARCHITECTURES[kind]
@@ -145,7 +139,8 @@ def fla_config(model_cfg: ConfigDict, *, max_position_embeddings: int = 2048) ->
                expand_v=c.value_head_dim / c.key_head_dim, use_short_conv=True, conv_size=c.conv_size,
                allow_neg_eigval=False, num_hidden_layers=len(sublayer_kinds(model_cfg)) // 2,
                intermediate_size=model_cfg.ffn_size, hidden_ratio=4, hidden_act="swish", norm_eps=model_cfg.norm_eps,
-               vocab_size=model_cfg.vocab_size, tie_word_embeddings=True, initializer_range=model_cfg.init_std,
+               vocab_size=model_cfg.vocab_size, tie_word_embeddings=model_cfg.tie_embeddings,
+               initializer_range=model_cfg.init_std,
                max_position_embeddings=max_position_embeddings, fuse_norm=False, fuse_swiglu=False,
                fuse_cross_entropy=False, fuse_linear_cross_entropy=False, use_cache=True)
     if kind == "gdn":
@@ -156,6 +151,8 @@ def fla_config(model_cfg: ConfigDict, *, max_position_embeddings: int = 2048) ->
 def model_config_from_fla(fla_cfg: dict, base: ConfigDict) -> ConfigDict:
     """Our model config for an FLA ``config.json`` (``base``: the config whose other fields are kept)."""
     kinds = {v[0]: k for k, v in ARCHITECTURES.items()}
+    if fla_cfg.get("model_type") == "hybrid_jax":
+        raise ExportError("FLA config: model_type 'hybrid_jax' is our own HF export: import it with --from-hf")
     if fla_cfg.get("model_type") not in kinds:
         raise ExportError(f"FLA config: model_type {fla_cfg.get('model_type')!r} is not one of {sorted(kinds)}")
     kind = kinds[fla_cfg["model_type"]]
@@ -169,9 +166,10 @@ def model_config_from_fla(fla_cfg: dict, base: ConfigDict) -> ConfigDict:
     ffn = fla_cfg.get("intermediate_size") or 256 * -(-int(hidden * fla_cfg.get("hidden_ratio", 4) * 2 / 3) // 256)
     cfg = ConfigDict(base.to_dict())
     m = cfg.model
-    m.update(dict(vocab_size=fla_cfg["vocab_size"], hidden_size=hidden, num_layers=2 * fla_cfg["num_hidden_layers"],
-                  pattern="", hybrid_attention_ratio=0.0, mixer=kind, ffn_size=ffn, norm_eps=fla_cfg["norm_eps"],
-                  init_std=fla_cfg.get("initializer_range", m.init_std)))
+    m.update(dict(vocab_size=fla_cfg["vocab_size"], hidden_size=hidden, ffn_size=ffn, norm_eps=fla_cfg["norm_eps"],
+                  init_std=fla_cfg.get("initializer_range", m.init_std),
+                  tie_embeddings=bool(fla_cfg.get("tie_word_embeddings", False))))  # FLA's configs: False
+    m.update(plan_fields([kind, "mlp"] * fla_cfg["num_hidden_layers"], m))
     m[kind].update(dict(num_key_heads=num_heads, num_value_heads=fla_cfg.get("num_v_heads") or num_heads,
                         key_head_dim=head_dim, value_head_dim=value_dim, conv_size=fla_cfg.get("conv_size", 4)))
     return cfg
@@ -179,7 +177,7 @@ def model_config_from_fla(fla_cfg: dict, base: ConfigDict) -> ConfigDict:
 
 def fla_shapes(fla_cfg: dict) -> dict[str, tuple[int, ...]]:
     """Every tensor name and shape of FLA's model for ``fla_cfg``, from FLA's layer definitions (an independent check
-    of :func:`to_fla`; tied ``lm_head`` included)."""
+    of :func:`to_fla`; ``lm_head`` included, tied or not)."""
     D, vocab, inter, cs = fla_cfg["hidden_size"], fla_cfg["vocab_size"], fla_cfg["intermediate_size"], \
         fla_cfg["conv_size"]
     H, K = fla_cfg["num_heads"], fla_cfg["head_dim"]

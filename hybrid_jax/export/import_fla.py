@@ -33,8 +33,8 @@ def load_fla(fla_dir: str | Path, config: ConfigDict | None = None) -> tuple[Con
 def import_fla(fla_dir: str | Path, workdir: str | Path, config: ConfigDict | None = None) -> ConfigDict:
     """Write the FLA checkpoint in ``fla_dir`` as a resumable step-0 checkpoint in ``workdir``; returns the config.
 
-    A training start holds an optimizer state, so this one function of the export package calls into the trainer
-    (:func:`hybrid_jax.train.warm_start.write_workdir`); nothing else here imports ``hybrid_jax.train``."""
+    A training start holds an optimizer state, so this function and ``import_hf`` are the export package's only
+    calls into the trainer (:func:`hybrid_jax.train.warm_start.write_workdir`)."""
     from hybrid_jax.train.warm_start import write_workdir
 
     config, params = load_fla(fla_dir, config)

@@ -7,7 +7,8 @@ against). MLA is plain causal softmax attention. No KV cache: every ``generate``
 
 Parameter names mirror the JAX model (``hybrid_jax.model``): ``model.layers.{i}`` is sublayer ``i`` of the layer plan
 (one pre-norm residual block per mixer and per MLP, Megatron style), PyTorch layouts (``Linear.weight [out, in]``,
-depthwise ``conv1d.weight [C, 1, K]``), tied embedding.
+depthwise ``conv1d.weight [C, 1, K]``); the output layer ``lm_head`` is the embedding (``tie_word_embeddings``, the
+default) or its own ``[V, D]`` matrix.
 """
 
 from __future__ import annotations
@@ -421,12 +422,14 @@ class HybridJaxModel(HybridJaxPreTrainedModel):
 
 
 class HybridJaxForCausalLM(HybridJaxPreTrainedModel, GenerationMixin):
-    """Causal LM with the tied embedding as output layer. ``input_ids [B,T] -> logits [B,T,V]`` float32.
+    """Causal LM; ``lm_head`` is tied to the embedding when ``config.tie_word_embeddings``. ``input_ids [B,T] ->
+    logits [B,T,V]`` float32.
 
     ``attention_mask`` is accepted and ignored: the model is causal, so right padding never changes real positions.
     """
 
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # transformers 5 form (4 reads the keys)
+    # transformers 5 form (4 reads the keys); only applied when config.tie_word_embeddings
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: HybridJaxConfig):
         super().__init__(config)

@@ -1,7 +1,12 @@
-"""Shared pieces of export and import: flat parameter dicts, name/shape checks, safetensors I/O.
+"""Shared pieces of export and import: flat parameter dicts, layouts, name/shape checks, safetensors I/O.
 
 A *flat* parameter dict maps our dotted NNX paths (``layers.3.mixer.A_log``, see ``hybrid_jax.model.params``) to
-float32 numpy arrays in our layouts (Linear ``kernel [in, out]``, conv ``kernel [K, C]``).
+float32 numpy arrays in our layouts (Linear ``kernel [in, out]``, conv ``kernel [K, C]``). A layout names how one
+of our arrays becomes PyTorch's:
+
+* ``linear``: our ``kernel [in, out]`` is PyTorch ``weight [out, in]`` (transpose);
+* ``conv``: our ``kernel [K, C]`` is PyTorch depthwise ``weight [C, 1, K]``;
+* ``same``: vectors (norm weights, ``A_log``, ``dt_bias``, biases), the embedding and ``lm_head``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ def flat_params(model: nnx.Module) -> dict[str, np.ndarray]:
     """Every ``nnx.Param`` of ``model`` as ``{dotted path: float32 numpy array}``."""
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
     return {path_name(path): np.asarray(var[...], np.float32) for path, var in flat}
+
+
+def to_torch(x: np.ndarray, layout: str) -> np.ndarray:
+    """Our array in PyTorch's layout (``linear | conv | same``, see the module docstring)."""
+    return {"linear": lambda a: a.T, "conv": lambda a: a.T[:, None, :], "same": lambda a: a}[layout](x)
+
+
+def from_torch(x: np.ndarray, layout: str) -> np.ndarray:
+    """The inverse of :func:`to_torch`."""
+    return {"linear": lambda a: a.T, "conv": lambda a: a[:, 0, :].T, "same": lambda a: a}[layout](x)
 
 
 def check_tensors(tensors: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]], what: str) -> None:

@@ -44,9 +44,10 @@ _M = "backbone.layers.{i}.mixer."
 # Rows per sublayer kind ("model" rows are not inside a sublayer).
 PARAM_NAMES: dict[str, tuple[ParamName, ...]] = {
     "model": (
-        ParamName("embed.embedding", "embedding.word_embeddings.weight", "model.embeddings.weight (= lm_head.weight)",
-                  "same layout [V, D]; tied"),
+        ParamName("embed.embedding", "embedding.word_embeddings.weight",
+                  "model.embeddings.weight (= lm_head.weight when tied)", "same layout [V, D]; tied by default"),
         ParamName("final_norm.weight", "decoder.final_norm.weight", "model.norm.weight", "same"),
+        ParamName("lm_head", "output_layer.weight", "lm_head.weight", "same layout [V, D]; model.tie_embeddings=False"),
     ),
     "mla": (
         ParamName("layers.{i}.norm.weight", _L + "input_layernorm.weight", _F + "attn_norm.weight", "same"),
@@ -153,6 +154,7 @@ def param_names(model: HybridLM) -> dict[str, ParamName]:
 
 
 def count_params(model_cfg: ConfigDict) -> int:
-    """Number of parameters of ``HybridLM(model_cfg)`` (tied embedding once), from shapes only: nothing is allocated."""
+    """Number of parameters of ``HybridLM(model_cfg)`` (a tied embedding once; an untied ``lm_head`` is ``V x D``
+    more), from shapes only: nothing is allocated."""
     abstract = nnx.eval_shape(lambda: HybridLM(model_cfg, rngs=nnx.Rngs(0)))
     return sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))

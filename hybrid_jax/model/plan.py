@@ -65,3 +65,25 @@ def sublayer_kinds(model_cfg: ConfigDict) -> list[str]:
         raise ValueError(f"model.mixer must be one of {MIXERS}, got {model_cfg.mixer!r}")
     names = {MLA: "mla", MLP: "mlp", MIXER: model_cfg.mixer, **EXPLICIT_MIXERS}
     return [names[ch] for ch in layer_plan(model_cfg)]
+
+
+def plan_fields(kinds: list[str], model_cfg: ConfigDict) -> dict:
+    """The plan keys (``pattern``, ``num_layers``, ``hybrid_attention_ratio``, ``mixer``) to set in ``model_cfg`` so
+    that its :func:`sublayer_kinds` are ``kinds``, changing as few as it can: none when its plan already is, else
+    ``model.mixer``, else Primus's ratio rule (its ratio, then ``attention / mixers`` to 4 decimals), else an explicit
+    pattern."""
+    mixers = sorted(set(kinds) - {"mla", "mlp"})
+    mixer = mixers[0] if len(mixers) == 1 else model_cfg.mixer
+    letters = {"mla": MLA, "mlp": MLP, **{v: k for k, v in EXPLICIT_MIXERS.items()}} | (
+        {mixer: MIXER} if len(mixers) == 1 else {})
+    n_mix = max(len(kinds) // 2, 1)
+    candidates = [{}, {"mixer": mixer}] + [
+        dict(pattern="", num_layers=len(kinds), hybrid_attention_ratio=ratio, mixer=mixer)
+        for ratio in (model_cfg.hybrid_attention_ratio, round(kinds.count("mla") / n_mix, 4))]
+    for fields in candidates:
+        try:
+            if sublayer_kinds(ConfigDict(model_cfg.to_dict() | fields)) == kinds:
+                return fields
+        except ValueError:  # an odd number of sublayers: no ratio-rule plan
+            continue
+    return dict(pattern="".join(letters[k] for k in kinds), num_layers=len(kinds), mixer=mixer)

@@ -1,11 +1,12 @@
-"""The language model: layer plan -> pre-norm residual sublayers -> final norm -> tied-embedding logits.
+"""The language model: layer plan -> pre-norm residual sublayers -> final norm -> logits.
 
 ::
 
     h = embed(tokens)                                   [B,T,D] in the compute dtype (no positional embedding)
     for each sublayer in layer_plan(cfg):  h = h + f(norm(h))     f: MLA, GDN, KDA, Mamba2 or SwiGLU MLP
     features = final_norm(h)                            [B,T,D]
-    logits = features @ embedding^T                     [B,T,V] float32 (tied embedding)
+    logits = features @ W^T                             [B,T,V] float32; W [V,D] the embedding (tied, the default)
+                                                        or lm_head (model.tie_embeddings=False)
 
 Each sublayer sows its output (the residual stream after it) as ``output``; mixers sow their internals (see each
 mixer). Capture them with ``out, intermediates = nnx.capture(model, nnx.Intermediate)(tokens)``; outside a capture
@@ -85,8 +86,18 @@ def make_final_norm(model_cfg: ConfigDict) -> RMSNorm:
     return RMSNorm(model_cfg.hidden_size, eps=model_cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
 
 
+def make_output_head(model_cfg: ConfigDict, rngs: nnx.Rngs) -> nnx.Param:
+    """The untied output matrix ``lm_head [V, D]`` (``model.tie_embeddings=False``), initialised as the embedding."""
+    _, param_dtype = dtypes(model_cfg)
+    shape = (model_cfg.vocab_size, model_cfg.hidden_size)
+    return nnx.Param(normal_init(model_cfg.init_std)(rngs.params(), shape, param_dtype))
+
+
 def tied_logits(features: jax.Array, embedding: jax.Array) -> jax.Array:
-    """``features [..., D] @ embedding[V, D]^T`` in the features' dtype, accumulated and returned in float32."""
+    """``features [..., D] @ embedding[V, D]^T`` in the features' dtype, accumulated and returned in float32.
+
+    ``embedding`` is the output matrix, :attr:`HybridLM.output_embedding`: the tied embedding or the untied
+    ``lm_head``."""
     return jnp.einsum("...d,vd->...v", features, embedding.astype(features.dtype),
                       preferred_element_type=jnp.float32)
 
@@ -94,8 +105,10 @@ def tied_logits(features: jax.Array, embedding: jax.Array) -> jax.Array:
 class HybridLM(nnx.Module):
     """The hybrid LM of a ``config.model`` ConfigDict.
 
-    Parameters: ``embed.embedding [V,D]`` (tied with the output layer), ``layers[i]`` (:class:`Sublayer`, one per
-    character of :func:`layer_plan`), ``final_norm.weight [D]``. See ``hybrid_jax.model.params`` for the name table.
+    Parameters: ``embed.embedding [V,D]`` (also the output layer unless ``model.tie_embeddings`` is False),
+    ``layers[i]`` (:class:`Sublayer`, one per character of :func:`layer_plan`), ``final_norm.weight [D]``, and with
+    ``model.tie_embeddings=False`` the output layer ``lm_head [V,D]``. See ``hybrid_jax.model.params`` for the name
+    table.
     """
 
     def __init__(self, model_cfg: ConfigDict, *, rngs: nnx.Rngs):
@@ -108,11 +121,17 @@ class HybridLM(nnx.Module):
             [Sublayer(kind, model_cfg, rngs=rngs, remat=kind in remat) for kind in sublayer_kinds(model_cfg)]
         )
         self.final_norm = make_final_norm(model_cfg)
+        self.lm_head = None if model_cfg.tie_embeddings else make_output_head(model_cfg, rngs)
 
     @property
     def embedding(self) -> jax.Array:
-        """The tied embedding matrix ``[V, D]`` as stored (float32 master weights)."""
+        """The input embedding matrix ``[V, D]`` as stored (float32 master weights)."""
         return self.embed.embedding[...]
+
+    @property
+    def output_embedding(self) -> jax.Array:
+        """The output layer's matrix ``[V, D]`` as stored: the embedding when tied, else ``lm_head``."""
+        return self.embedding if self.lm_head is None else self.lm_head[...]
 
     def features(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """``tokens int32 [B,T]`` -> hidden states after the final norm ``[B,T,D]`` (compute dtype).
@@ -126,8 +145,8 @@ class HybridLM(nnx.Module):
         return self.final_norm(h)
 
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        """``tokens int32 [B,T]`` -> logits ``[B,T,V]`` float32 (``tied_logits(features, embedding)``)."""
-        return tied_logits(self.features(tokens, segment_ids), self.embedding)
+        """``tokens int32 [B,T]`` -> logits ``[B,T,V]`` float32 (``tied_logits(features, output_embedding)``)."""
+        return tied_logits(self.features(tokens, segment_ids), self.output_embedding)
 
     # ----------------------------------------------------------------------------------------- decoding
     def init_cache(self, batch: int, max_len: int) -> Cache:
@@ -145,7 +164,7 @@ class HybridLM(nnx.Module):
             h, layer_cache = layer.extend(h, n, cache.lengths, layer_cache)
             layers.append(layer_cache)
         last = jnp.take_along_axis(h, (n - 1)[:, None, None], axis=1)[:, 0]
-        return tied_logits(self.final_norm(last), self.embedding), Cache(tuple(layers), cache.lengths + n)
+        return tied_logits(self.final_norm(last), self.output_embedding), Cache(tuple(layers), cache.lengths + n)
 
     def prefill(self, tokens: jax.Array, lengths: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
         """Prompts ``tokens [B,T]`` right-padded, ``lengths [B] >= 1`` -> (last-token logits ``[B,V]``, cache)."""

@@ -11,9 +11,10 @@ INFERENCE_MODULES = ["hybrid_jax.checkpoints", "hybrid_jax.export.__main__", "hy
                      "hybrid_jax.explore"]
 INFERENCE_FILES = ["hybrid_jax/checkpoints", "hybrid_jax/generate.py", "hybrid_jax/explore",
                    "hybrid_jax/export", "hybrid_jax/eval"]
-# The one exception: importing an FLA checkpoint writes a training start (with an optimizer state), in
-# ``import_fla`` itself; export, eval, generate and explore never reach it.
-WRITES_A_TRAINING_START = {("hybrid_jax/export/import_fla.py", "import_fla")}
+# The exceptions: importing an FLA checkpoint or one of our HF exports writes a training start (with an optimizer
+# state), in ``import_fla`` / ``import_hf`` themselves; export, eval, generate and explore never reach them.
+WRITES_A_TRAINING_START = {("hybrid_jax/export/import_fla.py", "import_fla"),
+                           ("hybrid_jax/export/import_hf.py", "import_hf")}
 
 
 def _train_imports(path) -> set[tuple[str, str]]:

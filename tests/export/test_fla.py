@@ -83,3 +83,63 @@ def test_import_names_missing_and_extra_keys(tmp_path):
     save_safetensors(tensors, tmp_path / "model.safetensors")
     with pytest.raises(ExportError, match=r"unexpected tensor 'model\.layers\.0\.attn\.q_conv1d\.bias'"):
         load_fla(tmp_path, cfg)
+
+
+# FLA's GatedDeltaNetConfig fields of a tiny untied model (FLA's default tie_word_embeddings=False), grouped values
+UNTIED_GDN = dict(model_type="gated_deltanet", architectures=["GatedDeltaNetForCausalLM"], attn_mode="chunk",
+                  hidden_size=64, num_heads=2, num_v_heads=4, head_dim=16, expand_v=1.0, use_gate=True,
+                  use_short_conv=True, conv_size=4, allow_neg_eigval=False, num_hidden_layers=2,
+                  intermediate_size=128, hidden_act="swish", norm_eps=1e-6, vocab_size=97, tie_word_embeddings=False)
+
+
+def test_untied_fla_checkpoint_imports_and_matches_pytorch(tmp_path, capsys):
+    """An FLA-layout checkpoint with its own lm_head (drawn here, not exported by us) imports through the CLI into
+    model.tie_embeddings=False; our logits equal a PyTorch forward of FLA's layers on its tensors; the printed
+    command holds only the model keys that differ from the --config file."""
+    from hybrid_jax.checkpoints import load
+    from hybrid_jax.export.__main__ import main
+    from tests.export.conftest import logits
+    from tests.export.fla_torch import fla_gdn_logits, random_fla_tensors
+
+    tensors = random_fla_tensors(UNTIED_GDN)
+    assert not np.array_equal(tensors["lm_head.weight"], tensors["model.embeddings.weight"])
+    (tmp_path / "fla").mkdir()
+    save_safetensors(tensors, tmp_path / "fla" / "model.safetensors")
+    (tmp_path / "fla" / "config.json").write_text(json.dumps(UNTIED_GDN))
+
+    main(["--from-fla", str(tmp_path / "fla"), "--workdir", str(tmp_path / "run"), "--config",
+          str(REPO / "configs" / "demo.py")])
+    command = capsys.readouterr().out.splitlines()[-1].split()
+    assert command[6:] == ["--config.model.num_layers=4", "--config.model.pattern=''",
+                           "--config.model.tie_embeddings=False", "--config.model.vocab_size=97"]
+    model, config = load(tmp_path / "run", step=0)
+    assert config.model.tie_embeddings is False
+    np.testing.assert_array_equal(model.lm_head[...], tensors["lm_head.weight"])
+
+    ids = np.random.default_rng(1).integers(0, 97, (2, 37), dtype=np.int32)
+    ours, theirs = logits(model, ids), fla_gdn_logits(tensors, UNTIED_GDN, ids)
+    assert np.abs(theirs - ours).max() <= 1e-4
+    assert np.abs(ours).max() > 0.1  # not trivially small
+
+    main(["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "again"), "--format", "fla"])  # and back out
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["tie_word_embeddings"] is False
+    again = load_safetensors(tmp_path / "again")
+    assert again.keys() == tensors.keys()
+    for key in tensors:
+        np.testing.assert_array_equal(again[key], tensors[key], err_msg=key)
+
+
+def test_tied_fla_config_with_a_different_lm_head_is_refused(tmp_path):
+    cfg = tiny_config("gdn")
+    export_model(perturbed_model(cfg), cfg, tmp_path, fmt="fla")
+    tensors = load_safetensors(tmp_path)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1.0
+    save_safetensors(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ExportError, match="differs from 'model.embeddings.weight' although its config.json says "
+                                          "tie_word_embeddings=true"):
+        load_fla(tmp_path, cfg)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": False}))
+    imported, params = load_fla(tmp_path, cfg)  # the same tensors under an untied config: imported as they are
+    assert imported.model.tie_embeddings is False
+    np.testing.assert_array_equal(params["lm_head"], tensors["lm_head.weight"])

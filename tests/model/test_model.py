@@ -182,3 +182,36 @@ def test_300m_gdn_forward_backward():
     assert all(np.isfinite(g).all() for g in leaves)
     gnorm = np.sqrt(sum((g * g).sum() for g in leaves))
     assert 0 < gnorm < 1e3
+
+
+def test_untied_output_layer():
+    """``model.tie_embeddings=False`` adds ``lm_head [V, D]``, drawn after every other parameter (which stay those of
+    the tied model), and every logit is made with it: the forward pass, decoding and the training loss."""
+    from hybrid_jax.data.pipeline import Batch
+    from hybrid_jax.model import count_params
+    from hybrid_jax.train.step.train_step import batch_loss
+
+    cfg, untied_cfg = demo_cfg(pattern="G-"), demo_cfg(pattern="G-", tie_embeddings=False)
+    tied, untied = HybridLM(cfg, rngs=nnx.Rngs(0)), HybridLM(untied_cfg, rngs=nnx.Rngs(0))
+    assert tied.lm_head is None and np.array_equal(tied.output_embedding, tied.embedding)
+    head = np.asarray(untied.output_embedding)
+    assert head.shape == (cfg.vocab_size, cfg.hidden_size) and head.dtype == np.float32
+    assert abs(head.std() - cfg.init_std) < 0.1 * cfg.init_std and not np.allclose(head, untied.embedding)
+    shared = nnx.to_pure_dict(nnx.state(untied, nnx.Param))
+    assert shared.pop("lm_head").shape == head.shape
+    jax.tree.map(np.testing.assert_array_equal, shared, nnx.to_pure_dict(nnx.state(tied, nnx.Param)))
+    assert count_params(untied_cfg) - count_params(cfg) == cfg.vocab_size * cfg.hidden_size
+
+    def run(m: HybridLM, t: jax.Array):
+        n = jnp.full((B,), t.shape[1] - 1, jnp.int32)
+        last = m.prefill(t[:, :-1], n, m.init_cache(B, t.shape[1]))[0]
+        graphdef, params = nnx.split(m)
+        return m(t[:, :-1]), m.features(t[:, :-1]), last, batch_loss(params, graphdef, Batch(t), chunk_size=7)
+
+    toks = tokens(cfg, (B, 10))
+    logits, feats, last, loss = jitted(untied, run)(toks)
+    np.testing.assert_allclose(logits, feats @ head.T, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(logits - feats @ untied.embedding.T).max()) > 0.1
+    np.testing.assert_allclose(last, logits[:, -1], rtol=1e-5, atol=1e-5)
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), toks[:, 1:, None], axis=-1).mean()
+    np.testing.assert_allclose(loss, nll, rtol=1e-5)

@@ -92,7 +92,13 @@ def demo_model():
 def test_every_parameter_has_a_documented_name(demo_model):
     names = param_names(demo_model)
     assert set(names) == set(param_shapes(demo_model))
-    # The demo has every sublayer kind, and every table row names one of its parameters: no stale rows.
+    untied_cfg = load_config("demo").model
+    untied_cfg.tie_embeddings = False
+    untied = param_names(nnx.eval_shape(lambda: HybridLM(untied_cfg, rngs=nnx.Rngs(0))))
+    assert set(untied) - set(names) == {"lm_head"} and untied["lm_head"].fla == "lm_head.weight"
+    names |= untied
+    # The demo has every sublayer kind, and every table row names one of its parameters (lm_head: of the untied
+    # demo): no stale rows.
     first = {layer.kind: i for i, layer in reversed(list(enumerate(demo_model.layers)))}
     for kind, rows in PARAM_NAMES.items():
         for row in rows:

@@ -1,8 +1,10 @@
-"""layer_plan on every published config, and malformed patterns."""
+"""layer_plan on every published config, malformed patterns, and the plan keys that give a list of sublayers."""
 
 import pytest
+from ml_collections import ConfigDict
 
 from hybrid_jax.model import layer_plan, sublayer_kinds
+from hybrid_jax.model.plan import plan_fields
 from tests.conftest import load_config
 
 HYBRID_300M = "*-M-M-M-*-M-M-M-*-M-M-M-"
@@ -44,3 +46,23 @@ def test_malformed_pattern_names_char_and_position(pattern, char, pos):
     cfg.pattern = pattern
     with pytest.raises(ValueError, match=rf"{char} at position {pos}"):
         layer_plan(cfg)
+
+
+@pytest.mark.parametrize("base, source, fields", [
+    ("demo", "demo", {}),  # the base's own plan: nothing to change
+    ("zebra_300m_gdn", "zebra_300m_kda", {"mixer": "kda"}),
+    ("zebra_300m_gdn", "zebra_300m_gdn_hybrid",  # the ratio rule, ratio attention / mixers
+     dict(pattern="", num_layers=24, hybrid_attention_ratio=0.25, mixer="gdn")),
+    ("demo", "zebra_1b_gdn", dict(pattern="", num_layers=32, hybrid_attention_ratio=0.0, mixer="gdn")),
+    ("zebra_8b", "demo", dict(pattern="*-G-K-S-", num_layers=8, mixer="mamba2")),  # several mixers: explicit
+])
+def test_plan_fields_change_as_little_as_they_can(base, source, fields):
+    kinds = sublayer_kinds(load_config(source).model)
+    base_cfg = load_config(base).model
+    assert plan_fields(kinds, base_cfg) == fields
+    assert sublayer_kinds(ConfigDict(base_cfg.to_dict() | fields)) == kinds
+
+
+def test_plan_fields_write_a_pattern_where_no_ratio_gives_the_plan():
+    kinds = ["mla", "mlp", "gdn", "mlp", "gdn", "mlp"]  # 1 MLA of 3 mixers: int(3 x 0.3333) = 0, not 1
+    assert plan_fields(kinds, load_config("zebra_300m_gdn").model) == dict(pattern="*-M-M-", num_layers=6, mixer="gdn")

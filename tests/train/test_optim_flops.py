@@ -48,6 +48,9 @@ def test_flops_per_token():
     c.update(dict(pattern="-", hidden_size=32, ffn_size=64, vocab_size=256))
     d, f, v = 32, 64, 256
     assert flops_per_token(c, 128) == 3 * (2 * (d * 2 * f + f * d) + 2 * v * d)  # SwiGLU + tied head
+    c.tie_embeddings = False  # an untied lm_head is the same head: counted once, not as one more matrix
+    assert flops_per_token(c, 128) == 3 * (2 * (d * 2 * f + f * d) + 2 * v * d)
+    c.tie_embeddings = True
 
     c.pattern = "*-"
     m = c.mla

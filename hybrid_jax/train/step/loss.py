@@ -1,5 +1,5 @@
-"""Next-token cross-entropy from the final hidden states and the tied embedding, in chunks of tokens, with its
-gradient computed in the forward pass.
+"""Next-token cross-entropy from the final hidden states and the output matrix (the tied embedding, or the untied
+``lm_head``), in chunks of tokens, with its gradient computed in the forward pass.
 
 The logits ``h @ E^T`` of a whole batch are ``[tokens, vocab]``: at the 300M recipe (32 x 2048 tokens,
 vocabulary 128,256) that is 31 GiB in float32, more than the rest of the step. Here the tokens are cut into
@@ -31,7 +31,7 @@ def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chu
 
     Args:
       h: ``[..., D]`` hidden states (any float dtype; the matmuls run in it).
-      embedding: ``[V, D]`` the tied embedding (cast to ``h.dtype`` for the matmuls).
+      embedding: ``[V, D]`` the output matrix, ``HybridLM.output_embedding`` (cast to ``h.dtype`` for the matmuls).
       targets: ``[...]`` int token ids in ``[0, V)``.
       chunk_size: tokens per chunk (the last chunk is padded; padded tokens weigh 0).
     Returns:

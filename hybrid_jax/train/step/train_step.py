@@ -95,7 +95,7 @@ def batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk_size: i
     model = nnx.merge(graphdef, params)
     segment_ids = None if batch.segment_ids is None else batch.segment_ids[:, :-1]
     h = model.features(batch.tokens[:, :-1], segment_ids)
-    return cross_entropy(h, jnp.asarray(model.embedding), batch.tokens[:, 1:], chunk_size=chunk_size)
+    return cross_entropy(h, jnp.asarray(model.output_embedding), batch.tokens[:, 1:], chunk_size=chunk_size)
 
 
 def make_train_step(
