@@ -40,6 +40,8 @@ def context_batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk
         loss = cross_entropy(h, jnp.asarray(model.embedding), targets, chunk_size=chunk_size)
         return jax.lax.pmean(loss, axes)
 
+    # check_vma=False: the kernels' scans start from states made inside them (zeros, or the [0 | I] of
+    # parallel.recurrence), which the varying-axes check would have to be told about, op by op
     run = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), *([tokens] * len(parts))),
                         out_specs=PartitionSpec(), check_vma=False)
     return run(params, *parts)
