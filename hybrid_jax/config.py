@@ -124,7 +124,7 @@ def base_config() -> ConfigDict:
             document_mask=False,  # packed documents kept apart (segment ids per token); False: the FLA/Primus recipe
         )
     )
-    c.mesh = ConfigDict(dict(data=-1, fsdp=1))  # -1: all remaining devices
+    c.mesh = ConfigDict(dict(data=-1, fsdp=1, context=1))  # data -1: all remaining devices; context: sequence split
     return c
 
 

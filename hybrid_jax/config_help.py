@@ -102,6 +102,7 @@ MEANINGS: dict[str, str] = {
     "data.num_workers": "Grain worker processes reading the data (0: in the trainer's process)",
     "mesh.data": "data-parallel mesh axis size; -1: all remaining devices",
     "mesh.fsdp": "parameter-sharding mesh axis size (ZeRO-3 style), 1: replicated",
+    "mesh.context": "sequence-parallel mesh axis size: each sequence split over this many devices, 1: off",
 }
 
 

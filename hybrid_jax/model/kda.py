@@ -35,7 +35,7 @@ from hybrid_jax.model.layers import (
     split_heads,
     torch_default_init,
 )
-from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, zero_padding
+from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, sequence_form, zero_padding
 
 
 class KimiDeltaAttention(RecurrentMixer):
@@ -62,13 +62,15 @@ class KimiDeltaAttention(RecurrentMixer):
         self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size or None
         self.state_shape = (self.hv, self.dk, self.dv)
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        """``segment_ids [B,T]``: packed documents (the state and the short conv restart at each)."""
-        return self._mix(x, functools.partial(self.plain_conv, segment_ids=segment_ids),
-                         segment_ids=segment_ids)[0]
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None
+                 ) -> jax.Array:
+        """``segment_ids [B,T]``: packed documents (the state and the short conv restart at each). ``context``: the
+        mesh axis the time axis is split over, inside its ``shard_map`` (``hybrid_jax.parallel``)."""
+        return self._mix(x, functools.partial(self.plain_conv, segment_ids=segment_ids, context=context),
+                         segment_ids=segment_ids, context=context)[0]
 
     def _mix(self, x: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None,
-             segment_ids: jax.Array | None = None):
+             segment_ids: jax.Array | None = None, context: str | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(u) -> (conv output, tail)``; pads (``~valid``) masked."""
         B, T, _ = x.shape
         qk, vd = self.hk * self.dk, self.hv * self.dv
@@ -81,9 +83,10 @@ class KimiDeltaAttention(RecurrentMixer):
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         if valid is not None:
             k, g, beta = zero_padding(valid, k, g, beta)
-        o, state = kernels.chunk_kda(q, k, v, g, beta, initial_state=state, output_final_state=True,
-                                     use_qk_l2norm=True, chunk_size=self.chunk_size,
-                                     impl=recurrent_impl(self.kernel_impl, T), segment_ids=segment_ids)
+        recurrence = sequence_form(kernels.chunk_kda, context)
+        o, state = recurrence(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                              use_qk_l2norm=True, chunk_size=self.chunk_size,
+                              impl=recurrent_impl(self.kernel_impl, T), segment_ids=segment_ids)
         sow(self, "g", g)
         sow(self, "beta", beta)
         sow(self, "final_state", state)

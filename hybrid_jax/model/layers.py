@@ -20,6 +20,8 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.parallel.shards import previous_tail
+
 Initializer = nnx.initializers.Initializer
 ZEROS = nnx.initializers.zeros_init()
 
@@ -156,7 +158,8 @@ class ShortConv(nnx.Module):
     ``kernel: [K, C]`` (PyTorch ``conv1d.weight [C, 1, K]`` is ``kernel.T[:, None, :]``); optional ``bias: [C]``.
     PyTorch's default Conv1d init (``U(+-1/sqrt(K))``) for both. ``x: [B, T, C] -> [B, T, C]``. With packed
     documents (``segment_ids [B, T]``) a tap from another document counts as zero, as the causal padding does at
-    a sequence's start.
+    a sequence's start. With the time axis split over a context axis (``context``, inside its ``shard_map``) the
+    first ``K-1`` taps read the previous shard's last ``K-1`` inputs (a halo, one ``ppermute``).
     """
 
     def __init__(self, channels: int, kernel_size: int, *, use_bias: bool, dtype: jnp.dtype,
@@ -166,9 +169,12 @@ class ShortConv(nnx.Module):
         self.bias = nnx.Param(init(rngs.params(), (channels,), param_dtype)) if use_bias else None
         self.dtype = dtype
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        """Sums and SiLU in float32; the result in the compute dtype."""
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
+        """Sums and SiLU in float32; the result in the compute dtype. ``context``: the mesh axis the time axis is
+        split over (``None``: the whole sequence is here)."""
         K = self.kernel.shape[0]
+        if context is not None:
+            return self._conv(*context_halo(x.astype(jnp.float32), segment_ids, K - 1, context))
         same_doc = None
         if segment_ids is not None:  # tap j of output t reads input t - K + 1 + j: keep it in t's document
             seg = jnp.pad(segment_ids, ((0, 0), (K - 1, 0)), constant_values=-1)
@@ -205,6 +211,19 @@ class ShortConv(nnx.Module):
         index = n[:, None] + jnp.arange(K - 1)[None, :]  # the K-1 inputs before position n (in xp's coordinates)
         new_tail = jnp.take_along_axis(xp, index[:, :, None], axis=1).astype(tail.dtype)
         return self._conv(xp), new_tail
+
+
+def context_halo(x: jax.Array, segment_ids: jax.Array | None, n: int, context: str
+                 ) -> tuple[jax.Array, list[jax.Array] | None]:
+    """``(xp [B, n+T, C], same_doc)`` for :meth:`ShortConv._conv` on this shard of ``context``: ``x [B,T,C]`` after the
+    previous shard's last ``n`` inputs (zeros on shard 0, as the causal padding), and per tap whether it reads the
+    output's document (``segment_ids [B,T]``; shard 0's padding has document -1); ``None`` without ids."""
+    xp = jnp.concatenate([previous_tail(x, n, context), x], axis=1)
+    if segment_ids is None:
+        return xp, None
+    seg = jnp.concatenate([previous_tail(segment_ids, n, context, fill=-1), segment_ids], axis=1)
+    T = x.shape[1]
+    return xp, [(seg[:, j : j + T] == segment_ids)[..., None] for j in range(n + 1)]
 
 
 # --------------------------------------------------------------------------------------------- MLP

@@ -24,7 +24,7 @@ from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
 from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
-from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, zero_padding
+from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, sequence_form, zero_padding
 
 
 class Mamba2(RecurrentMixer):
@@ -54,13 +54,15 @@ class Mamba2(RecurrentMixer):
         self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size or None, dtype
         self.state_shape = (self.nheads, self.state, self.head_dim)  # SSD: k = B (state_dim), v = dt*x
 
-    def __call__(self, u: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        """``segment_ids [B,T]``: packed documents (the state and the short conv restart at each)."""
-        return self._mix(u, functools.partial(self.plain_conv, segment_ids=segment_ids),
-                         segment_ids=segment_ids)[0]
+    def __call__(self, u: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None
+                 ) -> jax.Array:
+        """``segment_ids [B,T]``: packed documents (the state and the short conv restart at each). ``context``: the
+        mesh axis the time axis is split over, inside its ``shard_map`` (``hybrid_jax.parallel``)."""
+        return self._mix(u, functools.partial(self.plain_conv, segment_ids=segment_ids, context=context),
+                         segment_ids=segment_ids, context=context)[0]
 
     def _mix(self, u: jax.Array, conv, state: jax.Array | None = None, valid: jax.Array | None = None,
-             segment_ids: jax.Array | None = None):
+             segment_ids: jax.Array | None = None, context: str | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(xbc) -> (conv output, tail)``; pads get ``dt = B = 0``."""
         Bsz, T, _ = u.shape
         z, xbc, dt = jnp.split(self.in_proj(u), [self.d_in, 2 * self.d_in + 2 * self.groups * self.state], axis=-1)
@@ -72,9 +74,10 @@ class Mamba2(RecurrentMixer):
             b, dt = zero_padding(valid, b, dt)
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
         v = (dt[..., None] * x.astype(jnp.float32)).astype(self.dtype)
-        y, state = kernels.chunk_simple_gla(c, b, v, dt * a, scale=1.0, initial_state=state, output_final_state=True,
-                                            chunk_size=self.chunk_size, impl=recurrent_impl(self.kernel_impl, T),
-                                            segment_ids=segment_ids)
+        recurrence = sequence_form(kernels.chunk_simple_gla, context)
+        y, state = recurrence(c, b, v, dt * a, scale=1.0, initial_state=state, output_final_state=True,
+                              chunk_size=self.chunk_size, impl=recurrent_impl(self.kernel_impl, T),
+                              segment_ids=segment_ids)
         sow(self, "dt", dt)
         sow(self, "final_state", state)
         y = y.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)

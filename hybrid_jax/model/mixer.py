@@ -3,11 +3,15 @@ that carries their state and conv tail in a :class:`~hybrid_jax.model.cache.Recu
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.model.cache import RecurrentCache
+from hybrid_jax.parallel import recurrence
 
 
 class RecurrentMixer(nnx.Module):
@@ -20,9 +24,11 @@ class RecurrentMixer(nnx.Module):
     instruments only methods defined on the class itself, and the notebook captures every block's ``__call__``.
     """
 
-    def plain_conv(self, u: jax.Array, segment_ids: jax.Array | None = None) -> tuple[jax.Array, None]:
-        """The training-time short conv (zero history, no tail kept; ``segment_ids``: packed documents)."""
-        return self.conv1d(u, segment_ids), None
+    def plain_conv(self, u: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None
+                   ) -> tuple[jax.Array, None]:
+        """The training-time short conv (zero history, no tail kept; ``segment_ids``: packed documents; ``context``:
+        the mesh axis the time axis is split over, inside its ``shard_map``)."""
+        return (self.conv1d(u, segment_ids) if context is None else self.conv1d(u, segment_ids, context)), None
 
     def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
         """Zero state ``[B, *state_shape]`` float32 and conv tail ``[B, conv_size - 1, C]``; ``max_len`` unused."""
@@ -44,6 +50,14 @@ def valid_steps(n: jax.Array, steps: int) -> jax.Array:
 def zero_padding(valid: jax.Array, *xs: jax.Array) -> tuple[jax.Array, ...]:
     """Each ``x [B,T,...]`` with its padded steps (``~valid [B,T]``) set to 0: pads then leave a recurrence alone."""
     return tuple(jnp.where(valid.reshape(*valid.shape, *(1,) * (x.ndim - 2)), x, 0).astype(x.dtype) for x in xs)
+
+
+def sequence_form(kernel: Callable, context: str | None) -> Callable:
+    """``kernel`` (``kernels.chunk_gated_delta_rule``, ``chunk_kda`` or ``chunk_simple_gla``) or, with the time axis
+    split over the mesh axis ``context``, its context-parallel form (``hybrid_jax.parallel.recurrence``)."""
+    if context is None:
+        return kernel
+    return functools.partial(getattr(recurrence, kernel.__name__), axis=context)
 
 
 def recurrent_impl(impl: str, steps: int) -> str:

@@ -27,6 +27,8 @@ from ml_collections import ConfigDict
 from hybrid_jax import kernels
 from hybrid_jax.model.cache import MLACache
 from hybrid_jax.model.layers import RMSNorm, dense, dtypes, sow
+from hybrid_jax.parallel import shards
+from hybrid_jax.parallel.attention import attention_at
 
 
 # --------------------------------------------------------------------------------------------- RoPE / YaRN
@@ -91,9 +93,12 @@ class MLA(nnx.Module):
         self.reset_positions = bool(cfg.get("reset_positions", False))
         self.capture_attention = False
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
         """``segment_ids [B,T]``: packed documents, each attends only to itself (and, with
-        ``model.reset_positions``, its RoPE positions start at 0)."""
+        ``model.reset_positions``, its RoPE positions start at 0). ``context``: the mesh axis the time axis is split
+        over, inside its ``shard_map`` (:meth:`context_parallel`)."""
+        if context is not None:
+            return self.context_parallel(x, segment_ids, context)
         B, T, _ = x.shape
         H, inv_freq = self.num_heads, np.asarray(self.inv_freq)
         positions = document_positions(segment_ids) if segment_ids is not None and self.reset_positions else None
@@ -112,6 +117,33 @@ class MLA(nnx.Module):
                               segment_ids=segment_ids)
         if self.capture_attention:
             sow(self, "attention", causal_attention_map(q, k, self.softmax_scale, segment_ids))
+        return self.linear_proj(o.reshape(B, T, H * self.v_dim))
+
+    def context_parallel(self, x: jax.Array, segment_ids: jax.Array | None, context: str) -> jax.Array:
+        """This shard's ``x [B,T_local,D] -> [B,T_local,D]`` with the sequence split over the mesh axis ``context``:
+        the normed latent and the rotated rope key (``kv_lora_rank + qk_rope_head_dim`` per token) are all-gathered,
+        every shard forms the whole sequence's keys and values from them, and its queries (at their global positions)
+        attend causally over them (``hybrid_jax.parallel.attention``). No attention map is sown."""
+        B, T, _ = x.shape
+        H, r, inv_freq = self.num_heads, self.kv_lora_rank, np.asarray(self.inv_freq)
+        positions = shards.global_positions(T, context)
+        whole_ids = None if segment_ids is None else shards.gather_time(segment_ids, context)  # [B,S]
+        rope_positions = positions[None]
+        if segment_ids is not None and self.reset_positions:
+            rope_positions = shards.local_part(document_positions(whole_ids), T, context)
+        q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x))).reshape(B, T, H, -1)
+        q_rope = apply_rope(q[..., self.nope :], inv_freq, self.rope_magnitude, rope_positions)
+        q = jnp.concatenate([q[..., : self.nope], q_rope], axis=-1)
+        latent_rope = self.linear_kv_down_proj(x)
+        latent = self.kv_layernorm(latent_rope[..., :r])
+        k_rope = apply_rope(latent_rope[:, :, None, r:], inv_freq, self.rope_magnitude, rope_positions)[:, :, 0]
+        whole = shards.gather_time(jnp.concatenate([latent, k_rope.astype(latent.dtype)], axis=-1), context)
+        S = whole.shape[1]
+        kv = self.linear_kv_up_proj(whole[..., :r]).reshape(B, S, H, -1)
+        k_rope = jnp.broadcast_to(whole[:, :, None, r:].astype(kv.dtype), (B, S, H, self.rope))
+        k = jnp.concatenate([kv[..., : self.nope], k_rope], axis=-1)
+        o = attention_at(q, k, kv[..., self.nope :], positions=positions, scale=self.softmax_scale,
+                         q_segment_ids=segment_ids, k_segment_ids=whole_ids)
         return self.linear_proj(o.reshape(B, T, H * self.v_dim))
 
     def init_cache(self, batch: int, max_len: int) -> MLACache:

@@ -50,14 +50,25 @@ class Sublayer(nnx.Module):
     def block(self) -> nnx.Module:
         return getattr(self, BLOCK_NAMES[self.kind])
 
-    def residual(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    def residual(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
         h = self.norm(x)
-        y = self.block(h) if self.kind == "mlp" or segment_ids is None else self.block(h, segment_ids=segment_ids)
+        if self.kind == "mlp":
+            y = self.block(h)
+        elif context is not None:
+            y = self.block(h, segment_ids=segment_ids, context=context)
+        else:
+            y = self.block(h) if segment_ids is None else self.block(h, segment_ids=segment_ids)
         return x + y.astype(x.dtype)
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        """``segment_ids [B,T]``: packed documents (every mixer keeps each document to itself)."""
-        out = nnx.remat(Sublayer.residual)(self, x, segment_ids) if self.remat else self.residual(x, segment_ids)
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
+        """``segment_ids [B,T]``: packed documents (every mixer keeps each document to itself). ``context``: the mesh
+        axis the time axis is split over, inside its ``shard_map`` (``hybrid_jax.parallel``); ``x`` is then this
+        shard's ``[B,T_local,D]``."""
+        if context is not None:
+            out = (nnx.remat(Sublayer.residual, static_argnums=3)(self, x, segment_ids, context) if self.remat
+                   else self.residual(x, segment_ids, context))
+        else:
+            out = nnx.remat(Sublayer.residual)(self, x, segment_ids) if self.remat else self.residual(x, segment_ids)
         sow(self, "output", out)
         return out
 
@@ -133,15 +144,21 @@ class HybridLM(nnx.Module):
         """The output layer's matrix ``[V, D]`` as stored: the embedding when tied, else ``lm_head``."""
         return self.embedding if self.lm_head is None else self.lm_head[...]
 
-    def features(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    def features(self, tokens: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None
+                 ) -> jax.Array:
         """``tokens int32 [B,T]`` -> hidden states after the final norm ``[B,T,D]`` (compute dtype).
 
         ``segment_ids [B,T]`` int (packed documents, nondecreasing; ``None``: one sequence per row): each document
         is computed as if alone: recurrent states and short convs restart, attention stays inside it and, with
-        ``model.reset_positions``, RoPE positions restart."""
+        ``model.reset_positions``, RoPE positions restart. ``context``: the mesh axis the time axis is split over,
+        inside its ``shard_map`` (``hybrid_jax.train.step.context_loss``): ``tokens`` and ``segment_ids`` are then this
+        shard's ``[B,T_local]`` part and so are the features; exact against the whole sequence on one device."""
         h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
         for layer in self.layers:
-            h = layer(h, segment_ids) if segment_ids is not None else layer(h)
+            if context is not None:
+                h = layer(h, segment_ids, context)
+            else:
+                h = layer(h, segment_ids) if segment_ids is not None else layer(h)
         return self.final_norm(h)
 
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:

@@ -125,10 +125,26 @@ def _check_run_extras(t: ConfigDict) -> None:
     _one_of("train.wandb_mode", t.wandb_mode, WANDB_MODES)
 
 
+def _check_context(config: ConfigDict) -> None:
+    """``mesh.context`` splits each sequence in equal shards, each at least as long as the short convs' halo."""
+    n, T = config.mesh.get("context", 1), config.train.seq_len
+    if n == 1:
+        return
+    if n < 1 or T % n:
+        raise ConfigError(f"mesh.context={n} must be a positive divisor of train.seq_len={T}: each of its devices "
+                          "takes an equal part of every sequence")
+    kinds = set(sublayer_kinds(config.model))
+    halo = max([config.model[kind].conv_size - 1 for kind in ("gdn", "kda", "mamba2") if kind in kinds], default=0)
+    if T // n < halo:
+        raise ConfigError(f"mesh.context={n} cuts train.seq_len={T} into parts of {T // n} tokens, fewer than the "
+                          f"{halo} the short convs read from the part before; use a smaller mesh.context")
+
+
 def check_config(config: ConfigDict, batch_shards: int) -> int:
     """Check ``config`` for a mesh with ``batch_shards`` batch shards; returns the accumulation steps."""
     check_model(config.model)
     _check_train(config.train)
+    _check_context(config)
     d = config.data
     _one_of("data.source", d.source, DATA_SOURCES)
     if d.source == "tokens" and not d.path:

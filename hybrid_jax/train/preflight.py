@@ -67,7 +67,7 @@ def preflight(config: ConfigDict, n_devices: int | None = None, *, force: bool =
     warmup. ``n_devices``: the devices the run uses (default: all of every process); ``force``: train even when the
     memory estimate says the step cannot fit."""
     try:
-        data, fsdp = mesh_lib.mesh_shape(config.mesh, jax.device_count() if n_devices is None else n_devices)
+        data, fsdp, _ = mesh_lib.mesh_shape(config.mesh, jax.device_count() if n_devices is None else n_devices)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     batch_shards = data * fsdp

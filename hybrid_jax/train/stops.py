@@ -175,7 +175,7 @@ def out_of_memory_message(error: BaseException, config: ConfigDict, n_devices: i
 
     t = config.train
     try:
-        data, fsdp = mesh_lib.mesh_shape(config.mesh, n_devices)
+        data, fsdp, _ = mesh_lib.mesh_shape(config.mesh, n_devices)
     except ValueError:
         data, fsdp = n_devices, config.mesh.fsdp
     knobs = []

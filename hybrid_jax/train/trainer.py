@@ -49,8 +49,8 @@ class Trainer:
 
 
 def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The config's ``data x fsdp`` mesh over ``devices`` (default: all of every process); ConfigError if it does not
-    fit."""
+    """The config's ``data x fsdp x context`` mesh over ``devices`` (default: all of every process); ConfigError if it
+    does not fit."""
     try:
         return mesh_lib.make_mesh(config.mesh, None if devices is None else list(devices))
     except ValueError as e:

@@ -33,7 +33,7 @@ def _like(state):
 def test_each_device_holds_one_nth_of_weights_and_moments():
     config, trainer, state, *_ = _run(8, zero1=True, fsdp=FSDP)
     mesh = trainer.mesh
-    assert dict(mesh.shape) == {"data": 2, "fsdp": FSDP}
+    assert dict(mesh.shape) == {"data": 2, "fsdp": FSDP, "context": 1}
     params, moments = state["params"], state["opt_state"][1][0]  # optax chain: (clip, adamw (mu, nu, count), ...)
     moments = dict(mu=moments.mu, nu=moments.nu)
     total_params, total_moments = full_bytes(params), full_bytes(moments)
@@ -67,7 +67,7 @@ def test_checkpoint_of_an_fsdp_mesh_restores_on_two_data_devices(tmp_path):
 
     # restored onto 2 devices, data parallel only, moments replicated (no ZeRO-1): a fresh state gives the target
     _, trainer2, fresh2, step2, accum2 = _setup(2, micro=8)
-    assert dict(trainer2.mesh.shape) == {"data": 2, "fsdp": 1} and accum2 == 1
+    assert dict(trainer2.mesh.shape) == {"data": 2, "fsdp": 1, "context": 1} and accum2 == 1
     restored2, _ = ckpt.restore(_like(fresh2), 2)
     ckpt.close()
     for (path, want), got, target in zip(jax.tree_util.tree_leaves_with_path(saved), jax.tree.leaves(restored2),

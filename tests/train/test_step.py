@@ -10,11 +10,12 @@ from hybrid_jax.train.trainer import build_trainer
 from tests.train.common import tiny_config
 
 
-def _setup(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1):
+def _setup(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1, context: int = 1):
     # eps 1e-4: Adam divides each gradient by its own magnitude, so a gradient component that is ~0 would become
     # +-lr on either side of a rounding-level difference; a larger eps keeps the comparison about the step itself.
     config = tiny_config(micro_batch_size=micro, zero1=zero1, warmup_steps=0, eps=1e-4, seed=0)
     config.mesh.fsdp = fsdp
+    config.mesh.context = context
     trainer = build_trainer(config, jax.devices()[:n_devices])
     return config, trainer, trainer.state, trainer.step, trainer.accum
 
@@ -28,11 +29,11 @@ def _batches(config, n: int) -> list[Batch]:
 _RUNS: dict = {}
 
 
-def _run(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1):
+def _run(n_devices: int, *, zero1: bool = False, micro: int = 2, fsdp: int = 1, context: int = 1):
     """Two steps on fixed batches; returns ``(config, trainer, state, step, losses, accum)`` (cached per setting)."""
-    key = (n_devices, zero1, micro, fsdp)
+    key = (n_devices, zero1, micro, fsdp, context)
     if key not in _RUNS:
-        config, trainer, state, step, accum = _setup(n_devices, zero1=zero1, micro=micro, fsdp=fsdp)
+        config, trainer, state, step, accum = _setup(n_devices, zero1=zero1, micro=micro, fsdp=fsdp, context=context)
         losses = []
         for batch in _batches(config, 2):
             state, metrics = step(state, trainer.put(batch))
@@ -73,7 +74,7 @@ def test_data_parallel_step_equals_single_device(zero1, micro, fsdp, want_accum)
 
 def test_non_finite_batch_is_skipped_bit_identically():
     config, trainer, state, step, _, _ = _run(8)
-    del _RUNS[(8, False, 2, 1)]  # its state is donated below
+    del _RUNS[(8, False, 2, 1, 1)]  # its state is donated below
     good, bad = _batches(config, 2)
     bad.tokens[3, 5] = config.model.vocab_size  # an out-of-range token id: its embedding lookup is NaN
     put = trainer.put

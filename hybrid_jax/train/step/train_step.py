@@ -26,6 +26,7 @@ from ml_collections import ConfigDict
 
 from hybrid_jax.data.pipeline import Batch
 from hybrid_jax.train.step import mesh as mesh_lib
+from hybrid_jax.train.step.context_loss import context_batch_loss
 from hybrid_jax.train.step.loss import cross_entropy
 from hybrid_jax.train.step.schedule import learning_rate_schedule
 
@@ -91,7 +92,10 @@ def split_micro_batches(batch: jax.Array, accum: int, shards: int) -> jax.Array:
 
 def batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk_size: int) -> jax.Array:
     """Mean next-token cross-entropy of the model ``(graphdef, params)`` on ``batch`` (its documents kept apart when
-    it has segment ids)."""
+    it has segment ids). Under a mesh (``jax.set_mesh``) whose ``context`` axis is larger than 1, each sequence is
+    split over it (:func:`~hybrid_jax.train.step.context_loss.context_batch_loss`)."""
+    if mesh_lib.context_shards(jax.sharding.get_abstract_mesh()) > 1:
+        return context_batch_loss(params, graphdef, batch, chunk_size)
     model = nnx.merge(graphdef, params)
     segment_ids = None if batch.segment_ids is None else batch.segment_ids[:, :-1]
     h = model.features(batch.tokens[:, :-1], segment_ids)

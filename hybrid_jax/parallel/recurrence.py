@@ -1,0 +1,145 @@
+"""GDN, KDA and Mamba2's SSD (GLA) with the time axis split over a context axis: exact, with states and documents.
+
+The same functions as ``hybrid_jax.kernels.chunk_gated_delta_rule`` / ``chunk_kda`` / ``chunk_simple_gla``, called
+inside a ``shard_map`` on each shard's ``[B, T_local, ...]`` part, plus the axis name. Per value head the state
+recurrence is affine in the state a shard starts from::
+
+    delta rule:  S_t = A_t S_{t-1} + beta_t k_t v_t^T,   A_t = (I - beta_t k_t k_t^T) D_t     (D_t = diag(exp(g_t)))
+    GLA:         S_t = exp(g_t) S_{t-1} + k_t v_t^T
+
+so a shard's final state is ``M S_in + S_local`` (``M = A_T ... A_1``, ``[K, K]``; for GLA the scalar
+``exp(sum g)``) and its outputs are ``o_local + scale (M_t S_in)^T q_t``. Each shard
+
+1. runs the kernel once from a zero state: for the delta rule on ``[v | 0]`` (value width ``V + K``) from the
+   initial state ``[0 | I]``, whose last ``K`` state columns evolve as ``M_t`` (they see no ``v``): the final state
+   is ``[S_local | M]`` and the last ``K`` output channels are ``scale M_t^T q_t``; for GLA ``M_t = exp(G_t)``
+   (``G`` the cumulative log decay) is computed directly;
+2. all-gathers the pairs ``(M, S_local)`` and a flag per row, whether its first token continues the previous shard's
+   last document, and runs the exclusive prefix ``S_in(i+1) = keep(i+1) (M_i S_in(i) + S_local(i))`` (``n`` small
+   matmuls, the same on every shard) from the caller's ``initial_state`` on shard 0;
+3. completes its outputs exactly: ``o = o_local + (scale M_t^T q_t) S_in`` (GLA: ``scale exp(G_t) q_t^T S_in``).
+
+A document that starts inside a shard cuts the prefix: the kernel's segment ids reset the ``[0 | I]`` columns to 0
+there, so ``M`` and ``M_t`` after it are 0 (GLA: ``exp(G_t)`` is masked to the shard's first document). The
+returned final state is the whole sequence's (the last shard's, the same on every shard).
+
+Cost (against one kernel call on the shard): the delta rule's kernel runs with value width ``V + K`` instead of ``V``
+(the state-sized work and the outputs grow by ``K / V``; the chunk's ``K x K`` and ``C x C`` products do not), plus
+one ``[T_local, K] x [K, V]`` product per head for the completion and an all-gather of ``n`` states and ``[K, K]``
+transitions per head; GLA adds only the completion. Gradients flow through all of it (``jax.grad`` transposes the
+all-gather; the kernels' VJPs give the final state's gradient).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax import kernels
+from hybrid_jax.kernels.api import Impl
+from hybrid_jax.kernels.reference import expand_heads
+from hybrid_jax.parallel.shards import previous_tail, shard_count, shard_index
+
+F32 = jnp.float32
+
+
+def _continues(segment_ids: jax.Array | None, batch: int, axis: str) -> jax.Array:
+    """``[B]`` bool: this shard's first token is in the document the previous shard ends in (always, without ids)."""
+    if segment_ids is None:
+        return jnp.ones((batch,), bool)
+    return segment_ids[:, 0] == previous_tail(segment_ids, 1, axis, fill=-1)[:, 0]
+
+
+def _start_states(transition: jax.Array, local: jax.Array, keep: jax.Array, initial_state: jax.Array | None,
+                  axis: str) -> tuple[jax.Array, jax.Array]:
+    """The exclusive prefix over the shards of ``S -> M S + S_local``.
+
+    Args:
+      transition: ``M``, ``[B, HV, K, K]`` (``S_out = M @ S_in``) or ``[B, HV]`` (a scalar per head).
+      local: ``S_local [B, HV, K, V]`` float32, the shard's final state from a zero start.
+      keep: ``[B]`` bool, the shard's first token continues the previous shard's document (else it starts at 0).
+      initial_state: ``[B, HV, K, V]``, shard 0's start state (``None``: zeros).
+    Returns ``(this shard's start state, the last shard's final state)``, both ``[B, HV, K, V]`` float32.
+    """
+    transitions = jax.lax.all_gather(transition.astype(F32), axis)  # [n, ...]
+    locals_ = jax.lax.all_gather(local, axis)
+    keeps = jax.lax.all_gather(keep, axis)  # [n, B]
+    state = jnp.zeros_like(local) if initial_state is None else initial_state.astype(F32)
+    starts = []
+    for i in range(shard_count(axis)):
+        if i:
+            state = jnp.where(keeps[i][:, None, None, None], state, 0.0)
+        starts.append(state)
+        m = transitions[i]
+        carried = jnp.einsum("bhij,bhjv->bhiv", m, state) if m.ndim == 4 else m[..., None, None] * state
+        state = carried + locals_[i]
+    return jnp.stack(starts)[shard_index(axis)], state
+
+
+def _delta_rule(kernel, q, k, v, g, beta, *, axis: str, scale, initial_state, output_final_state: bool,
+                use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids):
+    """GDN or KDA (``kernel``) on this shard's part; see the module docstring."""
+    B, _, HV, V = v.shape
+    K = q.shape[-1]
+    ext_v = jnp.concatenate([v, jnp.zeros((*v.shape[:3], K), v.dtype)], axis=-1)  # [B,T,HV,V+K]
+    eye = jnp.broadcast_to(jnp.eye(K, dtype=F32), (B, HV, K, K))
+    ext_h0 = jnp.concatenate([jnp.zeros((B, HV, K, V), F32), eye], axis=-1)  # [B,HV,K,V+K]
+    o_ext, h_ext = kernel(q, k, ext_v, g, beta, scale=scale, initial_state=ext_h0, output_final_state=True,
+                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
+    o_local, q_through = o_ext[..., :V], o_ext[..., V:]  # q_through [B,T,HV,K] = scale M_t^T q_t
+    start, final = _start_states(h_ext[..., V:], h_ext[..., :V], _continues(segment_ids, B, axis), initial_state,
+                                 axis)
+    o = o_local.astype(F32) + jnp.einsum("bthk,bhkv->bthv", q_through.astype(F32), start)
+    return o.astype(v.dtype), (final if output_final_state else None)
+
+
+def chunk_gated_delta_rule(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, axis: str,
+    scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
+    use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
+    segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`hybrid_jax.kernels.chunk_gated_delta_rule` on this shard of ``axis``: ``q, k [B,T_local,H,K]``, ``v
+    [B,T_local,HV,V]``, ``g, beta [B,T_local,HV]``, ``segment_ids [B,T_local]`` (this shard's part of the sequence's);
+    ``initial_state [B,HV,K,V]``: the sequence's (used by shard 0). Returns ``(o [B,T_local,HV,V], the sequence's
+    final state [B,HV,K,V] float32 or None)``."""
+    return _delta_rule(kernels.chunk_gated_delta_rule, q, k, v, g, beta, axis=axis, scale=scale,
+                       initial_state=initial_state, output_final_state=output_final_state,
+                       use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
+
+
+def chunk_kda(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, axis: str,
+    scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
+    use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
+    segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`hybrid_jax.kernels.chunk_kda` on this shard of ``axis`` (``g [B,T_local,HV,K]``); as
+    :func:`chunk_gated_delta_rule`."""
+    return _delta_rule(kernels.chunk_kda, q, k, v, g, beta, axis=axis, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                       impl=impl, segment_ids=segment_ids)
+
+
+def chunk_simple_gla(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *, axis: str, scale: float | None = None,
+    initial_state: jax.Array | None = None, output_final_state: bool = False, chunk_size: int | None = None,
+    impl: Impl = "auto", segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`hybrid_jax.kernels.chunk_simple_gla` (Mamba2's SSD) on this shard of ``axis``; as
+    :func:`chunk_gated_delta_rule`. The transition is the scalar ``exp(G_t)`` per head (``G`` the cumulative log
+    decay from the shard's start), kept only on the shard's first document's tokens."""
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    scale = K**-0.5 if scale is None else scale
+    o_local, h_local = kernels.chunk_simple_gla(q, k, v, g, scale=scale, output_final_state=True,
+                                                chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
+    log_decay = jnp.cumsum(g.astype(F32), axis=1)  # [B,T,HV]
+    if segment_ids is not None:  # mask before exp: tokens after the shard's first document see no start state
+        first_doc = (segment_ids == segment_ids[:, :1])[:, :, None]
+        log_decay = jnp.where(first_doc, log_decay, -jnp.inf)
+    decay = jnp.exp(log_decay)
+    start, final = _start_states(decay[:, -1], h_local, _continues(segment_ids, B, axis), initial_state, axis)
+    q_heads = expand_heads(q.astype(F32), HV)
+    o = o_local.astype(F32) + scale * decay[..., None] * jnp.einsum("bthk,bhkv->bthv", q_heads, start)
+    return o.astype(v.dtype), (final if output_final_state else None)

@@ -1,0 +1,91 @@
+"""The context-parallel recurrences (``hybrid_jax.parallel.recurrence``) against the token-by-token ground truth
+(``kernels.reference.naive_recurrence``) on the whole sequence: GDN, KDA and GLA (Mamba2's SSD) over 4 shards, with
+an initial state, the final state, grouped value heads and packed documents whose boundaries fall on, just before
+and just after shard edges (and none); outputs, final states and the gradients of every input, the initial state
+included."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+from hybrid_jax.kernels.reference import naive_recurrence
+from hybrid_jax.parallel import recurrence
+from tests.conftest import rel_err
+
+N, B, T, H, HV, K, V = 4, 2, 32, 1, 2, 8, 4  # shards of 8 tokens: edges at 8, 16, 24
+STARTS = ((8, 15, 17, 24, 25), (3, 7, 16, 25))  # document starts per row: on, just before, just after edges
+OPS = {  # name: (context-parallel function, per-key gate, delta rule)
+    "gdn": (recurrence.chunk_gated_delta_rule, False, True),
+    "kda": (recurrence.chunk_kda, True, True),
+    "gla": (recurrence.chunk_simple_gla, False, False),
+}
+
+
+def inputs(name: str) -> dict[str, jax.Array]:
+    _, per_key, delta = OPS[name]
+    ks = jax.random.split(jax.random.PRNGKey(len(name)), 6)
+    g = -jax.nn.softplus(jax.random.normal(ks[3], (B, T, HV, K) if per_key else (B, T, HV)))
+    x = dict(q=jax.random.normal(ks[0], (B, T, H, K)), k=jax.random.normal(ks[1], (B, T, H, K)),
+             v=jax.random.normal(ks[2], (B, T, HV, V)), g=g * (0.3 if per_key else 1.0),
+             h0=jax.random.normal(ks[5], (B, HV, K, V)))
+    if delta:
+        x["beta"] = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, HV)))
+    return x
+
+
+def segment_ids() -> jax.Array:
+    seg = np.zeros((B, T), np.int32)
+    for row, starts in enumerate(STARTS):
+        for s in starts:
+            seg[row, s:] += 1
+    return jnp.asarray(seg)
+
+
+def reference(name: str, x: dict, seg):
+    delta = OPS[name][2]
+    return naive_recurrence(x["q"], x["k"], x["v"], x["g"], x.get("beta"), initial_state=x["h0"],
+                            use_qk_l2norm=delta, segment_ids=seg)
+
+
+def context_parallel(name: str, x: dict, seg):
+    fn, _, delta = OPS[name]
+    mesh = Mesh(np.asarray(jax.devices()[:N]), ("context",))
+    time, whole = PartitionSpec(None, "context"), PartitionSpec()
+
+    def local(x, seg):
+        gates = (x["g"], x["beta"]) if delta else (x["g"],)
+        extra = dict(use_qk_l2norm=True) if delta else {}
+        return fn(x["q"], x["k"], x["v"], *gates, axis="context", initial_state=x["h0"], output_final_state=True,
+                  chunk_size=16, impl="xla", segment_ids=seg, **extra)
+
+    specs = {key: whole if key == "h0" else time for key in x}
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs, None if seg is None else time),
+                         out_specs=(time, whole), check_vma=False)(x, seg)
+
+
+@pytest.mark.parametrize("documents", [True, False])
+def test_context_parallel_recurrences_equal_the_token_scan(documents):
+    seg = segment_ids() if documents else None
+    xs = {name: inputs(name) for name in OPS}
+    weights = {name: (jax.random.normal(jax.random.PRNGKey(7), (B, T, HV, V)),
+                      jax.random.normal(jax.random.PRNGKey(8), (B, HV, K, V))) for name in OPS}
+
+    def results(run):
+        def loss(xs):
+            out = {name: run(name, x, seg) for name, x in xs.items()}
+            total = sum(jnp.sum(o * weights[n][0]) + jnp.sum(f * weights[n][1]) for n, (o, f) in out.items())
+            return total, out
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(xs)
+
+    (_, want), want_grads = results(reference)
+    (_, got), got_grads = results(context_parallel)
+    for name in OPS:
+        for what, a, b in (("output", got[name][0], want[name][0]), ("final state", got[name][1], want[name][1])):
+            assert rel_err(a, b) < 1e-5, f"{name} {what}: {rel_err(a, b):.2e}"
+        for key in xs[name]:
+            err = rel_err(got_grads[name][key], want_grads[name][key])
+            assert err < 1e-5, f"{name} d{key}: {err:.2e}"
