@@ -51,6 +51,8 @@ PARTS = {  # name: (module, one line)
                     "from the compiled step, no weights allocated (--cpu: on host devices)"),
     "small_ops": ("benchmarks.small_ops", "norms, SwiGLU, short conv and cross-entropy under XLA against the "
                   "memory / matmul roofline"),
+    "embedding_grad": ("benchmarks.embedding_grad", "the token embedding's gradient on mock and on real text's ids: "
+                       "the gather's transpose against the model's sorted lookup"),
     "sublayers": ("benchmarks.sublayers", "time per sublayer kind against its FLOP share"),
     "decode": ("benchmarks.decode", "decoding: cache memory per token (--memory) and decode tokens/s"),
     "data_pipeline": ("benchmarks.data_pipeline", "prepare (tokens/s) and the Grain pipeline (batches/s), CPU"),
