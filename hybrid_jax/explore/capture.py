@@ -24,7 +24,7 @@ from hybrid_jax.data.run_tokenizer import run_tokenizer
 from hybrid_jax.data.tokenizer import Tokenizer
 from hybrid_jax.kernels.reference import l2_normalize
 from hybrid_jax.model import HybridLM
-from hybrid_jax.model.layers import split_heads
+from hybrid_jax.model.layers import lookup, split_heads
 from hybrid_jax.model.plan import MIXERS
 from hybrid_jax.model.stack import BLOCK_NAMES
 
@@ -130,7 +130,8 @@ def run(model: HybridLM, tokens: np.ndarray, config: ConfigDict | None = None) -
     values = jax.tree.map(lambda sown: np.asarray(sown[0][0], np.float32), nnx.to_pure_dict(state),
                           is_leaf=lambda x: isinstance(x, tuple))
     layers = [values["layers"][i] for i in range(len(model.layers))]
-    residual = [values["embed"]["__call__"]] + [layer["output"] for layer in layers]
+    embedded = lookup(model.embedding, jnp.asarray(tokens, jnp.int32), model.embed.dtype)  # the model's own lookup
+    residual = [np.asarray(embedded, np.float32)] + [layer["output"] for layer in layers]
     internals, updates, attention = [], [], {}
     for i, (layer, captured) in enumerate(zip(model.layers, layers, strict=True)):
         name = BLOCK_NAMES[layer.kind]
