@@ -90,12 +90,7 @@ def plan_resume(workdir: Path, config: ConfigDict, abstract_params: dict, *, ski
                           f"resuming from the newest checkpoint, step {steps[-1]}")
         restore = None
     if restore is not None:
-        if restore not in steps:
-            raise NoUsableCheckpoint(f"train.restore_step={restore}: {checkpoint_dir(workdir)} has no checkpoint at "
-                                     f"step {restore} (it has {steps})")
-        if (reason := _verdict(workdir, restore)) is not None:
-            raise NoUsableCheckpoint(f"train.restore_step={restore}: that checkpoint is damaged ({reason}); choose "
-                                     f"another step ({[s for s in steps if s != restore]})")
+        _require_healthy(workdir, steps, restore, f"train.restore_step={restore}")
         candidates, plan.rewind_to = [restore], restore
         plan.set_aside = [s for s in steps if s > restore]
     else:
@@ -119,6 +114,15 @@ def plan_resume(workdir: Path, config: ConfigDict, abstract_params: dict, *, ski
     why = "; ".join(f"step {s}: {r}" for s, r in plan.damaged)
     raise NoUsableCheckpoint(f"no checkpoint in {checkpoint_dir(workdir)} passes its checks ({why}); nothing was "
                              "moved: restore a good copy, or start over in a new train.workdir")
+
+
+def _require_healthy(workdir: Path, steps: list[int], step: int, what: str) -> None:
+    """:class:`NoUsableCheckpoint` naming ``what`` when ``workdir`` lacks checkpoint ``step`` or it fails its checks."""
+    if step not in steps:
+        raise NoUsableCheckpoint(f"{what}: {checkpoint_dir(workdir)} has no checkpoint at step {step} (it has {steps})")
+    if (reason := _verdict(workdir, step)) is not None:
+        raise NoUsableCheckpoint(f"{what}: checkpoint step {step} of {workdir} is damaged ({reason}); choose another "
+                                 f"step ({[s for s in steps if s != step] or 'there is none'})")
 
 
 def _check_against(workdir: Path, step: int, saved: dict, abstract_params: dict, config: ConfigDict, *, where: str,
@@ -156,12 +160,7 @@ def plan_branch(workdir: Path, config: ConfigDict, abstract_params: dict) -> Res
     if not steps:
         raise NoUsableCheckpoint(f"train.branch_from={spec}: {checkpoint_dir(source)} holds no complete checkpoint")
     step = steps[-1] if step is None else step
-    if step not in steps:
-        raise NoUsableCheckpoint(f"train.branch_from={spec}: {source} has no checkpoint at step {step} (it has "
-                                 f"{steps})")
-    if (reason := _verdict(source, step)) is not None:
-        raise NoUsableCheckpoint(f"train.branch_from={spec}: checkpoint step {step} of {source} is damaged ({reason});"
-                                 f" choose another step ({[s for s in steps if s != step] or 'there is none'})")
+    _require_healthy(source, steps, step, f"train.branch_from={spec}")
     with CheckpointReader(source) as reader:
         reader._verified.add(step)
         try:
