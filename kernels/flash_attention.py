@@ -69,7 +69,8 @@ def flash_attention(
     ``Tk - Tq`` (self-attention: 0). ``segment_ids [B,Tk]`` int: the keys' sequence's packed documents (the queries'
     are its rows from ``q_offset``); a query sees only its own document.
     """
-    if q.ndim != 4 or k.ndim != 4 or k.shape[::2] != q.shape[::2] or v.ndim != 4 or v.shape[:3] != k.shape[:3]:
+    same = q.ndim == k.ndim == v.ndim == 4 and k.shape[:1] + k.shape[2:] == q.shape[:1] + q.shape[2:]
+    if not same or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"attention: need q [B,Tq,H,Dqk], k [B,Tk,H,Dqk] and v [B,Tk,H,Dv], got {q.shape}, "
                          f"{k.shape}, {v.shape}")
     if not q.dtype == k.dtype == v.dtype:

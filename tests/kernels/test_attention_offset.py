@@ -123,8 +123,9 @@ def test_bad_offsets_are_clear_errors():
     q, k, v, _ = arrays(8, 20, 16, 16, jnp.float32)
     with pytest.raises(ValueError, match="8 queries at offset 13 do not lie within 20 keys"):
         flash.flash_attention(q, k, v, interpret=True, q_offset=13)
-    with pytest.raises(ValueError, match="need q"):
-        flash.flash_attention(q, k[:, :, :1], v, interpret=True)
+    for bad_k in (k[:, :, :1], k[..., :8]):  # another head count, another qk head dim
+        with pytest.raises(ValueError, match="need q"):
+            flash.flash_attention(q, bad_k, v, interpret=True)
 
 
 @pytest.mark.parametrize("arch", list(TARGETS))
