@@ -1,10 +1,11 @@
 """Per-device memory of a config's train step at a mesh, planned before any weight exists.
 
-    python -m benchmarks plan_memory --config configs/zebra_8b.py --fsdp 4 [--data 1] [--cpu] [--no-compile] \
+    python -m benchmarks plan_memory --config configs/zebra_8b.py --fsdp 4 [--data 1] [--context N] [--cpu] \
+        [--no-compile] \
         [--config.train.micro_batch_size=1 --config.model.remat=full ...] [--name NAME] [--out DIR]
 
 The train state (float32 weights, AdamW moments, counters) is built abstractly (``build_trainer(...,
-abstract=True)``) with the shardings the trainer gives it on a ``data x fsdp`` mesh (``mesh.py``'s rules;
+abstract=True)``) with the shardings the trainer gives it on a ``data x fsdp x context`` mesh (``mesh.py``'s rules;
 ``--config.train.zero1=true`` splits the moments over ``data`` too), so nothing is allocated. Two figures:
 
 * ``state``: bytes of the parameters and of the optimizer state that one device holds, from each leaf's
@@ -14,11 +15,14 @@ abstract=True)``) with the shardings the trainer gives it on a ``data x fsdp`` m
   the compiler's ``memory_analysis()``: peak = arguments + outputs - aliased (the donated state) + temporaries,
   per device.
 
-``--cpu`` compiles for ``data x fsdp`` host CPU devices (``--xla_force_host_platform_device_count``): an
-indication only, since the CPU compiler fuses, schedules and rematerializes differently from the GPU one and
-the Pallas kernels fall back to their XLA form; the plan for a GPU run is this command on the GPUs themselves
-(where it compiles for ``data x fsdp`` of them without running a step). Saves the record ``plan_memory_<model
-name>_d<data>_f<fsdp>`` (or ``--name``).
+``--context`` (default: the config's ``mesh.context``) splits each sequence over that many devices more; the batch
+is split over ``data x fsdp`` only. ``--cpu`` compiles for ``data x fsdp x context`` host CPU devices
+(``--xla_force_host_platform_device_count``): an indication only, since the CPU compiler fuses, schedules and
+rematerializes differently from the GPU one and the Pallas kernels fall back to their XLA form (MLA's then holds
+dense ``[B, H, T/context, T]`` scores: ``--config.model.kernel_impl=pallas_interpret`` compiles the kernels'
+interpreted form instead); the plan for a GPU run is this command on the GPUs themselves (where it compiles for
+the mesh's GPUs without running a step). Saves the record ``plan_memory_<model name>_d<data>_f<fsdp>`` (plus
+``_c<context>`` with a context axis; or ``--name``).
 """
 
 from __future__ import annotations
@@ -114,13 +118,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", required=True, help="a config file (configs/*.py); overrides: --config.KEY=VALUE")
     ap.add_argument("--fsdp", type=int, default=1, help="mesh.fsdp: the parameter-sharding axis")
     ap.add_argument("--data", type=int, default=1, help="mesh.data: the data-parallel axis")
+    ap.add_argument("--context", type=int, default=None, help="mesh.context: the sequence split (default: config's)")
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per device per step")
-    ap.add_argument("--cpu", action="store_true", help="compile for data x fsdp host CPU devices (indicative)")
+    ap.add_argument("--cpu", action="store_true", help="compile for the mesh's host CPU devices (indicative)")
     ap.add_argument("--no-compile", action="store_true", help="only the state's bytes per device (seconds)")
     ap.add_argument("--name", default="", help="the record's name (default plan_memory_<model>_d<D>_f<F>)")
     ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
     args, overrides = configs.parse(ap, argv)
-    n = args.data * args.fsdp
+    config = configs.load(args.config, overrides)  # starts no backend
+    context = config.mesh.get("context", 1) if args.context is None else args.context
+    config.mesh.data, config.mesh.fsdp, config.mesh.context = args.data, args.fsdp, context
+    n = args.data * args.fsdp * context
     if args.cpu:  # read when the backend starts, which is below
         os.environ["XLA_FLAGS"] = " ".join(
             [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
@@ -128,16 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
     logging.set_verbosity(logging.WARNING)
-    config = configs.load(args.config, overrides)
-    config.mesh.data, config.mesh.fsdp = args.data, args.fsdp
     if len(jax.devices()) < n:
-        ap.error(f"data {args.data} x fsdp {args.fsdp} needs {n} devices, this process sees {len(jax.devices())} "
-                 "(--cpu: host CPU devices)")
-    config.train.global_batch_size = config.train.micro_batch_size * args.accum * n
+        ap.error(f"data {args.data} x fsdp {args.fsdp} x context {context} needs {n} devices, this process sees "
+                 f"{len(jax.devices())} (--cpu: host CPU devices)")
+    config.train.global_batch_size = config.train.micro_batch_size * args.accum * args.data * args.fsdp
     result = plan(config, jax.devices()[:n], compile_step=not args.no_compile)
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
-    record.save(args.name or f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}", result, out=args.out)
+    name = f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}" + (f"_c{context}" if context > 1 else "")
+    record.save(args.name or name, result, out=args.out)
 
 
 if __name__ == "__main__":

@@ -97,21 +97,27 @@ def chunk_simple_gla(
 
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, scale: float | None = None,
-    impl: Impl = "auto", segment_ids: jax.Array | None = None,
+    impl: Impl = "auto", segment_ids: jax.Array | None = None, q_offset: int | jax.Array | None = None,
 ) -> jax.Array:
-    """Softmax attention. ``q, k: [B,T,H,Dqk]``; ``v: [B,T,H,Dv]`` -> ``[B,T,H,Dv]``; scale ``Dqk**-0.5``.
+    """Softmax attention. ``q: [B,Tq,H,Dqk]``; ``k: [B,Tk,H,Dqk]``; ``v: [B,Tk,H,Dv]`` -> ``[B,Tq,H,Dv]``; scale
+    ``Dqk**-0.5``.
 
-    ``impl="auto"``: cuDNN on NVIDIA where it runs the shape, the Pallas flash kernel on other GPUs, XLA on
-    CPU (``kernels/cudnn_attention.py::auto_impl``). ``"xla"`` and ``"naive"`` are the plain float32 softmax.
-    ``segment_ids [B,T]`` int (packed documents, nondecreasing): a query sees only its own document's keys; the
-    flash kernel then skips the key blocks wholly before the document.
+    The queries are the tokens at positions ``q_offset .. q_offset + Tq - 1`` of the keys' sequence (an int or a
+    traced int scalar, ``0 <= q_offset <= Tk - Tq``: a context shard's queries over the whole sequence's keys;
+    ``None``: ``Tk - Tq``, 0 for self-attention); the causal mask is taken at those positions.
+    ``impl="auto"``: cuDNN on NVIDIA where it runs the shape (self-attention only), the Pallas flash kernel on other
+    GPUs, XLA on CPU (``kernels/cudnn_attention.py::auto_impl``). ``"xla"`` and ``"naive"`` are the plain float32
+    softmax. ``segment_ids [B,Tk]`` int (packed documents of the keys' sequence, nondecreasing): a query sees only its
+    own document's keys; the flash kernel then skips the key blocks wholly before the document.
     """
     from hybrid_jax.kernels.cudnn_attention import auto_impl, cudnn_attention
 
-    _check_segments("attention", segment_ids, q.shape)
-    if impl == "auto" and (impl := auto_impl(q, v, segment_ids)) == "cudnn":
+    _check_segments("attention", segment_ids, k.shape)
+    offset = q_offset is not None or q.shape[1] != k.shape[1]
+    if impl == "auto" and (impl := auto_impl(q, v, segment_ids, offset=offset)) == "cudnn":
         try:  # cuDNN checks the shape when traced, for training too (e.g. it refuses an odd T there)
             return cudnn_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
         except NotImplementedError:
             impl = "pallas"
-    return implementation("attention", impl)(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
+    return implementation("attention", impl)(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
+                                             q_offset=q_offset)

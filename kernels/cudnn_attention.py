@@ -37,14 +37,15 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
     return o[..., : v.shape[-1]]
 
 
-def auto_impl(q: jax.Array, v: jax.Array, segment_ids: jax.Array | None = None) -> str:
+def auto_impl(q: jax.Array, v: jax.Array, segment_ids: jax.Array | None = None, *, offset: bool = False) -> str:
     """``impl="auto"``: ``"cudnn"`` on NVIDIA where cuDNN runs the shape, ``"pallas"`` on other GPUs and
     shapes, ``"xla"`` on CPU. cuDNN beat this kernel at every benchmarked shape on the H200
     (benchmarks/RESULTS.md, Attention), so it is preferred wherever it applies. With ``segment_ids`` (packed
-    documents) this kernel, which skips the blocks outside each document; cuDNN would take them as a dense mask."""
+    documents) this kernel, which skips the blocks outside each document; cuDNN would take them as a dense mask. With
+    ``offset`` (queries at an offset in a longer key sequence: context parallelism) this kernel too."""
     dev = jax.devices()[0]
     if dev.platform == "cpu":
         return "xla"
-    if segment_ids is None and "nvidia" in dev.device_kind.lower() and cudnn_head_dim(q, v) is not None:
+    if segment_ids is None and not offset and "nvidia" in dev.device_kind.lower() and cudnn_head_dim(q, v) is not None:
         return "cudnn"
     return "pallas"

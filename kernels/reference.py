@@ -98,19 +98,25 @@ def document_starts(segment_ids: jax.Array) -> jax.Array:
 
 def naive_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, scale: float | None = None,
-    segment_ids: jax.Array | None = None,
+    segment_ids: jax.Array | None = None, q_offset: int | jax.Array | None = None,
 ) -> jax.Array:
-    """Plain softmax attention in float32. ``q, k: [B,T,H,Dqk]``, ``v: [B,T,H,Dv]`` -> ``[B,T,H,Dv]``.
+    """Plain softmax attention in float32. ``q: [B,Tq,H,Dqk]``, ``k: [B,Tk,H,Dqk]``, ``v: [B,Tk,H,Dv]`` ->
+    ``[B,Tq,H,Dv]``.
 
-    ``segment_ids [B,T]`` (self-attention only): a query sees only the keys of its own document."""
+    The queries are the tokens at positions ``q_offset .. q_offset + Tq - 1`` of the keys' sequence (an int or a
+    traced int scalar; ``None``: ``Tk - Tq``, the last ``Tq``, so 0 for self-attention): the causal mask compares
+    those positions with the keys'. ``segment_ids [B,Tk]``: the keys' sequence's packed documents (the queries' are its
+    rows from ``q_offset``); a query sees only the keys of its own document."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    T, S = q.shape[1], k.shape[1]
+    offset = S - T if q_offset is None else q_offset
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
     if causal:
-        T, S = q.shape[1], k.shape[1]
-        mask = jnp.arange(T)[:, None] + (S - T) >= jnp.arange(S)[None, :]
+        mask = jnp.arange(T)[:, None] + offset >= jnp.arange(S)[None, :]
         s = jnp.where(mask, s, -jnp.inf)
     if segment_ids is not None:
-        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]  # [B,1,T,T]
+        q_ids = segment_ids if T == S else jax.lax.dynamic_slice_in_dim(segment_ids, offset, T, axis=1)
+        same = q_ids[:, None, :, None] == segment_ids[:, None, None, :]  # [B,1,Tq,Tk]
         s = jnp.where(same, s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32)).astype(v.dtype)

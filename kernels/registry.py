@@ -13,7 +13,7 @@ function of ``hybrid_jax.kernels`` that runs it, its gate kind, its implementati
 
 Implementations of a recurrent op take ``(q, k, v, g, beta, *, scale, initial_state, use_qk_l2norm, chunk_size,
 segment_ids)`` (``beta=None`` for ``gla``) and return ``(o [B,T,HV,V], final_state [B,HV,K,V] float32)``; those of
-attention take ``(q, k, v, *, causal, scale, segment_ids)`` and return ``o [B,T,H,Dv]``.
+attention take ``(q, k, v, *, causal, scale, segment_ids, q_offset)`` and return ``o [B,Tq,H,Dv]``.
 """
 
 from __future__ import annotations
@@ -85,14 +85,15 @@ def _pallas(q, k, v, g, beta, *, scale, initial_state, use_qk_l2norm, chunk_size
                             chunk_size=chunk_size, interpret=interpret, segment_ids=segment_ids)
 
 
-def _attention_naive(q, k, v, *, causal, scale, segment_ids):
+def _attention_naive(q, k, v, *, causal, scale, segment_ids, q_offset=None):
     """The plain float32 softmax."""
-    return reference.naive_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)
+    return reference.naive_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids, q_offset=q_offset)
 
 
-def _flash(q, k, v, *, causal, scale, segment_ids, interpret):
+def _flash(q, k, v, *, causal, scale, segment_ids, interpret, q_offset=None):
     """The Pallas flash kernel."""
-    return flash_attention(q, k, v, causal=causal, scale=scale, interpret=interpret, segment_ids=segment_ids)
+    return flash_attention(q, k, v, causal=causal, scale=scale, interpret=interpret, segment_ids=segment_ids,
+                           q_offset=q_offset)
 
 
 def _recurrent(name: str, function: str, delta: bool, per_key: bool) -> Op:

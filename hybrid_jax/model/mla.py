@@ -28,7 +28,6 @@ from hybrid_jax import kernels
 from hybrid_jax.model.cache import MLACache
 from hybrid_jax.model.layers import RMSNorm, dense, dtypes, sow
 from hybrid_jax.parallel import shards
-from hybrid_jax.parallel.attention import attention_at
 
 
 # --------------------------------------------------------------------------------------------- RoPE / YaRN
@@ -122,13 +121,13 @@ class MLA(nnx.Module):
     def context_parallel(self, x: jax.Array, segment_ids: jax.Array | None, context: str) -> jax.Array:
         """This shard's ``x [B,T_local,D] -> [B,T_local,D]`` with the sequence split over the mesh axis ``context``:
         the normed latent and the rotated rope key (``kv_lora_rank + qk_rope_head_dim`` per token) are all-gathered,
-        every shard forms the whole sequence's keys and values from them, and its queries (at their global positions)
-        attend causally over them (``hybrid_jax.parallel.attention``). No attention map is sown."""
+        every shard forms the whole sequence's keys and values from them, and its queries attend causally over them at
+        their global positions (``kernels.attention`` with ``q_offset``: the flash kernel for the Pallas impls, which
+        visits only the key blocks up to each query block's last position). No attention map is sown."""
         B, T, _ = x.shape
         H, r, inv_freq = self.num_heads, self.kv_lora_rank, np.asarray(self.inv_freq)
-        positions = shards.global_positions(T, context)
         whole_ids = None if segment_ids is None else shards.gather_time(segment_ids, context)  # [B,S]
-        rope_positions = positions[None]
+        rope_positions = shards.global_positions(T, context)[None]
         if segment_ids is not None and self.reset_positions:
             rope_positions = shards.local_part(document_positions(whole_ids), T, context)
         q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x))).reshape(B, T, H, -1)
@@ -142,8 +141,8 @@ class MLA(nnx.Module):
         kv = self.linear_kv_up_proj(whole[..., :r]).reshape(B, S, H, -1)
         k_rope = jnp.broadcast_to(whole[:, :, None, r:].astype(kv.dtype), (B, S, H, self.rope))
         k = jnp.concatenate([kv[..., : self.nope], k_rope], axis=-1)
-        o = attention_at(q, k, kv[..., self.nope :], positions=positions, scale=self.softmax_scale,
-                         q_segment_ids=segment_ids, k_segment_ids=whole_ids)
+        o = kernels.attention(q, k, kv[..., self.nope :], causal=True, scale=self.softmax_scale, impl=self.kernel_impl,
+                              segment_ids=whole_ids, q_offset=shards.shard_index(context) * T)
         return self.linear_proj(o.reshape(B, T, H * self.v_dim))
 
     def init_cache(self, batch: int, max_len: int) -> MLACache:

@@ -8,6 +8,7 @@ only collectives (``all_gather``, ``ppermute``) and our kernels, so ``jax.grad``
   ``M S_in + S_local``);
 * ``shards``: the axis' index and size, the previous shard's last tokens (the short convs' halo), the global
   positions and segment ids;
-* ``attention``: softmax attention of a shard's queries over the gathered keys (MLA gathers its compressed latent);
+* MLA (``hybrid_jax.model.mla``) gathers its compressed latent and attends with ``kernels.attention``'s ``q_offset``
+  (a shard's queries over the whole sequence's keys);
 * ``hybrid_jax.train.step.context_loss``: the model's loss under such a ``shard_map``.
 """

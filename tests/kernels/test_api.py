@@ -48,7 +48,10 @@ def test_attention_dispatches_through_the_registry(monkeypatch, impl):
     x, _ = make_inputs(problem("attention", B=1, T=8, H=2, HV=2), 0)
     seen = spy(monkeypatch, "attention", "xla" if impl == "auto" else impl, "o")
     assert kernels.attention(x["q"], x["k"], x["v"], causal=False, scale=0.5, impl=impl) == "o"
-    assert seen["kw"] == dict(causal=False, scale=0.5, segment_ids=None)
+    assert seen["kw"] == dict(causal=False, scale=0.5, segment_ids=None, q_offset=None)
+    # queries at an offset in the keys' sequence (a context shard's): the offset is handed on as given
+    assert kernels.attention(x["q"][:, :3], x["k"], x["v"], scale=0.5, impl=impl, q_offset=2) == "o"
+    assert seen["kw"] == dict(causal=True, scale=0.5, segment_ids=None, q_offset=2)
 
 
 def test_bad_impls_are_clear_errors(monkeypatch):

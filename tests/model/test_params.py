@@ -34,6 +34,7 @@ EXACT = {
     "zebra_1b_kda": 1_175_153_920,
     "zebra_1b_mamba2_hybrid": 1_286_886_272,
     "zebra_1b_kda_hybrid": 1_431_873_152,
+    "zebra_1b_kda_hybrid_64k": 1_431_873_152,  # the same model at seq 65536
     "zebra_1b_gdn_hybrid": 1_203_441_152,
     "zebra_3b": 3_377_311_592,
     "zebra_8b": 7_898_996_224,

@@ -18,6 +18,7 @@ EXPECTED = {
     "zebra_1b_kda": "M-" * 16,
     "zebra_1b_mamba2_hybrid": "*-M-M-M-" * 4,
     "zebra_1b_kda_hybrid": "*-M-M-M-" * 4,
+    "zebra_1b_kda_hybrid_64k": "*-M-M-M-" * 4,
     "zebra_1b_gdn_hybrid": "M-" * 16,  # Primus's "hybrid" stack with hybrid_attention_ratio 0: no attention
     "zebra_3b": "*-M-M-M-" * 7,
     "zebra_8b": "*-M-M-M-" * 8,

@@ -1,0 +1,17 @@
+"""``python -m benchmarks plan_memory`` with a context axis: the mesh is data x fsdp x context, the batch is split over
+data x fsdp only, and the step (its context-parallel loss) compiles; the record is named with the context."""
+
+import json
+
+from benchmarks import plan_memory
+from tests.conftest import REPO
+
+
+def test_plan_memory_with_a_context_axis(tmp_path, capsys):
+    plan_memory.main(["--config", str(REPO / "configs" / "demo.py"), "--data", "2", "--context", "4",
+                      "--out", str(tmp_path)])
+    assert "compiled step peak" in capsys.readouterr().out
+    figures = json.loads((tmp_path / "plan_memory_demo_d2_f1_c4.json").read_text())["figures"]
+    assert figures["mesh"] == {"data": 2, "fsdp": 1, "context": 4} and figures["devices"] == 8
+    assert figures["global_batch_size"] == 2 * figures["micro_batch_size"]
+    assert figures["compiled"]["peak_gib"] > 0
