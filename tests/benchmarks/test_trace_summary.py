@@ -1,10 +1,12 @@
 """benchmarks/trace_summary.py: events of a real CPU trace are attributed to their JAX scopes through the HLO text,
-and the HLO metadata parser finds fusions, cuBLAS gemms and Pallas (Triton) kernels by the names a GPU trace uses."""
+and the HLO metadata parser (benchmarks/hlo_index.py) finds fusions, cuBLAS gemms and Pallas (Triton) kernels by
+the names a GPU trace uses."""
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.trace_summary import HLO_FILE, HloIndex, format_summary, parse_op_name, summarize
+from benchmarks.hlo_index import HloIndex, parse_op_name
+from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
 
 # a GPU-style optimized HLO module (the long attributes filled in below): a loop fusion, a fusion whose scope is
 # only on its fused op, a cuBLAS gemm and a Pallas (Triton) kernel; the stack frame table prints a frame's parent
