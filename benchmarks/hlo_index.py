@@ -91,7 +91,9 @@ class HloIndex:
     """The instructions of an optimized HLO module text (``compiled.as_text()``), found by name or kernel name.
 
     ``scopes[instruction]``: its :class:`Scope`. The Python frames all instructions share (the driver script, the
-    jitted function's caller) are dropped from the paths, so a path starts inside the jitted function.
+    jitted function's caller) are dropped from the paths, so a path starts inside the jitted function. The
+    computations that reduce, sort or scatter apply (``to_apply=``) are left out of that count: their stacks can be
+    shorter (a CPU step's sort comparators start inside the step), and they run inside the op that applies them.
     """
 
     def __init__(self, text: str):
@@ -101,6 +103,7 @@ class HloIndex:
         raw: dict[str, tuple[list[str], list[str], str, str]] = {}  # name -> (functions, scopes, op, source)
         fused: dict[str, list[str]] = collections.defaultdict(list)  # computation -> its instructions
         calls: dict[str, str] = {}  # fusion -> its computation
+        applied: set[str] = set()  # computations a reduce / sort / scatter applies
         aliases: dict[str, set[str]] = collections.defaultdict(set)  # kernel name -> instructions
         computation = ""
         for line in text.splitlines():
@@ -131,6 +134,7 @@ class HloIndex:
             aliases[re.sub(r"\W", "_", name)].add(name)
             if c := re.search(r"\bcalls=%([\w.\-]+)", rest):
                 calls[name] = c.group(1)
+            applied.update(re.findall(r"\bto_apply=%([\w.\-]+)", rest))
             if "custom_call_target" in rest and (k := re.search(r'"(?:kernel_)?name"\s*:\s*"([^"\\]+)"', rest)):
                 aliases[k.group(1)].add(name)  # a Pallas / Triton kernel's own name
         for name, comp in calls.items():  # a fusion without a scope of its own takes its deepest fused op's
@@ -139,7 +143,8 @@ class HloIndex:
                 if inner:
                     best = max(inner, key=lambda r: len(r[0]) + len(r[1]))
                     raw[name] = (best[0], best[1], raw[name][2], best[3])
-        common = _common_prefix([tuple(r[0]) for r in raw.values() if r[0]])
+        appliers = {i for comp in applied for i in fused.get(comp, ())}
+        common = _common_prefix([tuple(r[0]) for name, r in raw.items() if r[0] and name not in appliers])
         self.scopes = {}
         for name, (functions, scopes, op, source) in raw.items():
             kept = functions[common:] or functions[max(common - 1, 0):common]

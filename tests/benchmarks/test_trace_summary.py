@@ -10,7 +10,7 @@ from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
 
 # a GPU-style optimized HLO module (the long attributes filled in below): a loop fusion, a fusion whose scope is
 # only on its fused op, a cuBLAS gemm and a Pallas (Triton) kernel; the stack frame table prints a frame's parent
-# as its id + 1, as XLA does
+# as its id + 1, as XLA does; the reduce's adder has a shorter stack (frame 5), as a CPU step's sort comparators
 HLO = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[8,16]{1,0})->f32[8]{0}}
 
 FileNames
@@ -30,17 +30,25 @@ FileLocations
 2 {file_name_id=2 function_name_id=2 line=35 end_line=35 column=11 end_column=11}
 3 {file_name_id=3 function_name_id=3 line=120 end_line=120 column=4 end_column=4}
 4 {file_name_id=4 function_name_id=4 line=50 end_line=50 column=4 end_column=4}
+5 {file_name_id=2 function_name_id=2 line=30 end_line=30 column=4 end_column=4}
 
 StackFrames
 1 {file_location_id=1 parent_frame_id=1}
 2 {file_location_id=2 parent_frame_id=2}
 3 {file_location_id=3 parent_frame_id=2}
 4 {file_location_id=4 parent_frame_id=2}
+5 {file_location_id=5 parent_frame_id=0}
 
 
 %fused_convert (param_0: f32[8,16]) -> bf16[8,16] {
   %param_0 = f32[8,16]{1,0} parameter(0)
   ROOT %convert.1 = bf16[8,16]{1,0} convert(%param_0), @LOSS@
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.9 = f32[] add(%a, %b), metadata={op_name="jit(step)/reduce_sum" stack_frame_id=5}
 }
 
 %fused_reduce (param_0.1: f32[8,16]) -> f32[8] {
