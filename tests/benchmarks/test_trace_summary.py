@@ -1,6 +1,6 @@
 """benchmarks/trace_summary.py: events of a real CPU trace are attributed to their JAX scopes through the HLO text,
 and the HLO metadata parser (benchmarks/hlo_index.py) finds fusions, cuBLAS gemms and Pallas (Triton) kernels by
-the names a GPU trace uses."""
+the names a GPU trace uses, and reads the FLOPs of the matmuls of a GPU-style step of known shapes."""
 
 import jax
 import jax.numpy as jnp
@@ -132,3 +132,88 @@ def test_cpu_trace_attributes_time_to_named_scopes(tmp_path):
     assert "hlo_op" in s["arg_keys"] and s["arg_sample"][0]["args"]["hlo_op"]
     text = format_summary(s)
     assert "by scope" in text and "alpha" in text and "beta" in text
+
+
+# A GPU-style step with one or two instructions of each op family (scopes from op_name only; the frames are tested
+# above): gemms, a fused dot and cuDNN attention of known shapes. (instruction, op_name below jit(step), device us
+# per step, family)
+GEMM = ('custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":'
+        '{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],'
+        '"rhs_batch_dimensions":[]}}}')
+FMHA = ('backend_config={"cudnn_fmha_backend_config":{"intermediate_tensor_shape":{"element_type":"BF16",'
+        '"dimensions":["2","4","128","128"]},"mask_type":"CAUSAL"}}')
+STEP_OPS = [
+    ("%mlp_gemm = (bf16[256,512]{1,0}, s8[0]{0}) custom-call(%x, %w), " + GEMM, "jvp(MLP)/Linear/dot_general", 10,
+     "MLP matmuls"),
+    ("%silu_fusion = bf16[256,512]{1,0} fusion(%x), kind=kLoop, calls=%fused_mul", "jvp(MLP)/jit(silu)/mul", 3,
+     "MLP element-wise"),
+    ("%wrapped_concatenate = bf16[256,512]{1,0} fusion(%x, %x), kind=kLoop, calls=%fused_concat",
+     "transpose(jvp(MLP))/concatenate", 2, "copies/transposes"),
+    ("%transpose.1 = bf16[64,256]{0,1} transpose(%x), dimensions={1,0}", "transpose(jvp(MLP))/Linear/transpose", 1,
+     "copies/transposes"),
+    ("%proj_gemm = (bf16[256,128]{1,0}, s8[0]{0}) custom-call(%x, %w), " + GEMM,
+     "jvp(GatedDeltaNet._mix)/Linear/dot_general", 6, "mixer projections"),
+    ("%conv_fusion = bf16[256,512]{1,0} fusion(%x), kind=kLoop, calls=%fused_mul",
+     "jvp(GatedDeltaNet._mix)/RecurrentMixer.plain_conv/ShortConv._conv/mul", 4, "mixer element-wise"),
+    ('%grad_bwd = f32[256,64]{1,0} custom-call(%x), custom_call_target="__gpu$xla.gpu.triton", '
+     'backend_config={"name":"grad_bwd"}', "transpose(jvp(GatedDeltaNet._mix))/chunk_gated_delta_rule/pallas_call",
+     20, "recurrent kernels"),
+    ("%fmha = (bf16[2,4,128,32]{3,1,2,0}, f32[2,4,128]{2,1,0}, u8[0]{0}) custom-call(%q, %q, %v), "
+     'custom_call_target="__cudnn$fmhaSoftmax", ' + FMHA, "jvp(MLA)/attention/cudnn_attention/fmha", 8, "attention"),
+    ("%fmha_bwd = (bf16[2,4,128,64]{3,1,2,0}, bf16[2,4,128,64]{3,1,2,0}, bf16[2,4,128,32]{3,1,2,0}, u8[0]{0}) "
+     'custom-call(%q, %q, %v), custom_call_target="__cudnn$fmhaSoftmaxBackward", ' + FMHA,
+     "transpose(jvp(MLA))/attention/cudnn_attention/fmha", 16, "attention"),
+    ("%norm_fusion = bf16[256,512]{1,0} fusion(%x), kind=kLoop, calls=%fused_mul",
+     "jvp(HybridLM.features)/Sublayer.residual/RMSNorm/rms_normalize/mul", 5, "norms"),
+    ("%logits_fusion = f32[4,32,512]{2,1,0} fusion(%h, %e), kind=kCustom, calls=%gemm_fusion_logits",
+     "cross_entropy/_chunked_ce_fwd.body/_logits/dot_general", 12, "LM head and loss"),
+    ("%lse_fusion = bf16[256,512]{1,0} fusion(%x), kind=kInput, calls=%fused_mul",
+     "cross_entropy/_chunked_ce_fwd.body/exp", 4, "LM head and loss"),
+    ("%scatter.0 = f32[512,64]{1,0} scatter(%x, %x, %x), update_window_dims={1}",
+     "transpose(jvp(HybridLM.features))/lookup/scatter-add", 3, "embedding"),
+    ("%adam_fusion = bf16[256,512]{1,0} fusion(%x), kind=kLoop, calls=%fused_mul",
+     "chain.update_fn/scale_by_adam.update_fn/mul", 2, "optimizer"),
+    ("%all-gather-start = (f32[8]{0}, f32[16]{0}) all-gather-start(%s), dimensions={0}", "all_gather", 3,
+     "collectives"),
+    ("%add.0 = bf16[256,64]{1,0} add(%x, %x)", "batch_loss/HybridLM.features/Sublayer.residual/add", 2, "other"),
+]
+STEP = """HloModule jit_step, is_scheduled=true
+
+%fused_mul (p.0: bf16[256,512]) -> bf16[256,512] {
+  %p.0 = bf16[256,512]{1,0} parameter(0)
+  ROOT %multiply.0 = bf16[256,512]{1,0} multiply(%p.0, %p.0)
+}
+
+%fused_concat (p.1: bf16[256,256], p.2: bf16[256,256]) -> bf16[256,512] {
+  %p.1 = bf16[256,256]{1,0} parameter(0)
+  %p.2 = bf16[256,256]{1,0} parameter(1)
+  ROOT %concatenate.0 = bf16[256,512]{1,0} concatenate(%p.1, %p.2), dimensions={1}
+}
+
+%gemm_fusion_logits (p.3: bf16[4,32,64], p.4: bf16[4,64,512]) -> f32[4,32,512] {
+  %p.3 = bf16[4,32,64]{2,1,0} parameter(0)
+  %p.4 = bf16[4,64,512]{2,1,0} parameter(1)
+  ROOT %dot.0 = f32[4,32,512]{2,1,0} dot(%p.3, %p.4), lhs_batch_dims={0}, lhs_contracting_dims={2}, \
+rhs_batch_dims={0}, rhs_contracting_dims={1}
+}
+
+ENTRY %main (x: bf16[256,64]) -> bf16[256,64] {
+  %x = bf16[256,64]{1,0} parameter(0)
+  %w = bf16[64,512]{1,0} parameter(1)
+  %h = bf16[4,32,64]{2,1,0} parameter(2)
+  %e = bf16[4,64,512]{2,1,0} parameter(3)
+  %q = bf16[2,128,4,64]{3,2,1,0} parameter(4)
+  %v = bf16[2,128,4,32]{3,2,1,0} parameter(5)
+  %s = f32[8]{0} parameter(6)
+""" + "".join(f'  {ins}, metadata={{op_name="jit(step)/{op_name}"}}\n' for ins, op_name, _, _ in STEP_OPS) + "}\n"
+SCORES = 2 * 4 * 128 * 128  # the fused attention's B H Tq Tk
+
+
+def test_matmul_flops_of_gemms_fused_dots_and_cudnn_attention():
+    ins = HloIndex(STEP).instructions
+    assert ins["mlp_gemm"].flops == 2 * 256 * 512 * 64  # M N K, the operand's shape from its instruction
+    assert ins["logits_fusion"].flops == 2 * 4 * 32 * 512 * 64  # batch dims included, the fused dot's
+    assert ins["logits_fusion"].fused == {"parameter", "dot"} and ins["logits_fusion"].kind == "kCustom"
+    # cuDNN: 2 S (Dqk + Dv) forward, twice that backward, both halved by the causal mask
+    assert ins["fmha"].flops == 2 * SCORES * (64 + 32) / 2 and ins["fmha_bwd"].flops == 2 * ins["fmha"].flops
+    assert ins["grad_bwd"].flops == 0 and ins["grad_bwd"].target == "__gpu$xla.gpu.triton"
