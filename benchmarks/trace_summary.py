@@ -1,13 +1,17 @@
 """Where a jitted step's device time goes: a summary of a ``jax.profiler`` trace (perfetto JSON).
 
-    python -m benchmarks trace_summary TRACE_DIR_OR_FILE [--hlo step_hlo.txt] [--top 30] [--args-sample FILE]
+    python -m benchmarks trace_summary TRACE_DIR_OR_FILE [--hlo step_hlo.txt] [--top 30] [--args-sample FILE] \
+        [--steps N] [--families]
 
 Reads ``perfetto_trace.json.gz`` (written by ``jax.profiler.trace(dir, create_perfetto_trace=True)``; found under
 ``TRACE_DIR`` when a directory is given), keeps the complete events of the device processes (``/device:...``;
 on a CPU-only trace, the XLA executor threads of the host), and adds up their durations per event name: one row
 per kernel or HLO op, with its share of the device's busy time, the call count and its scope. Also a split by
 category: our Pallas recurrent and attention kernels (by the names we give them), cuDNN, matmuls (GEMM / cuBLAS /
-``dot``), collectives, and the rest (XLA fusions).
+``dot``), collectives, and the rest (XLA fusions). With the HLO text, the time per op family of a train step (LM
+head and loss, MLP matmuls, mixer projections, recurrent kernels, attention, norms, optimizer, copies ...) per
+step of the ``--steps`` traced, with the TFLOP/s of the matmul families (``benchmarks/op_families.py``;
+``--families``: that table alone).
 
 The scope comes from the step's optimized HLO text (``compiled.as_text()``; ``--hlo``, or ``step_hlo.txt`` in the
 trace directory): each event is matched to its HLO instruction, whose metadata gives the JAX name stack and the
@@ -27,6 +31,7 @@ import gzip
 import json
 from pathlib import Path
 
+from benchmarks import op_families
 from benchmarks.hlo_index import HloIndex
 
 SCOPE_KEYS = ("tf_op", "long_name", "hlo_op")
@@ -39,6 +44,9 @@ CATEGORIES = (  # (category, substrings of a lower-cased event name); the first 
     ("matmul", ("gemm", "cublas", "cutlass", "dot", "matmul", "sm90_xmma", "nvjet")),
     ("collective", ("all-reduce", "all_reduce", "allreduce", "all-gather", "reduce-scatter", "nccl", "rccl")),
 )
+# the family of an event matched to no HLO instruction of the step, by its category
+CATEGORY_FAMILY = {"pallas recurrent": "recurrent kernels", "pallas attention": "attention",
+                   "collective": "collectives"}
 SAMPLE_EVENTS = 30
 
 
@@ -108,10 +116,12 @@ def self_ms(events: list[dict]) -> list[float]:
     return out
 
 
-def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None) -> dict:
-    """``{"busy_ms", "source", "ops": [{name, ms, share, count, scope}], "categories": {cat: ms}, "scopes": [tree
-    rows], "hlo", "arg_keys": {key: events}, "arg_sample": [{name, dur, args}]}`` of a trace. ``hlo``: the step's HLO
-    text file (default: ``step_hlo.txt`` next to the trace, if any); without it ``scopes`` is empty."""
+def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, steps: int = 1) -> dict:
+    """``{"busy_ms", "source", "ops": [{name, ms, share, count, scope, family}], "categories": {cat: ms}, "scopes":
+    [tree rows], "families": [rows], "steps", "hlo", "arg_keys": {key: events}, "arg_sample": [{name, dur, args}]}``
+    of a trace. ``hlo``: the step's HLO text file (default: ``step_hlo.txt`` next to the trace, if any); without it
+    ``scopes`` is empty and ``families`` None. ``families``: :func:`benchmarks.op_families.family_table` per step of
+    the ``steps`` the trace holds."""
     path = find_trace(trace)
     if hlo is None:
         near = [Path(trace) / HLO_FILE] if Path(trace).is_dir() else []
@@ -138,6 +148,8 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None) -
     scope: dict[str, str] = {}
     op: dict[str, str] = {}  # what the category reads besides the name: the HLO op or the args' scope
     by_path: dict[tuple[str, ...], float] = collections.defaultdict(float)
+    family: dict[str, str] = {}  # event name -> family (of its first event)
+    family_rows: list[tuple[str, float, float]] = []  # (family, ms, flops) per event
     arg_keys: collections.Counter = collections.Counter()
     sample = []
     kept = [e for e in events if e.get("ph") == "X" and keep(e)]
@@ -152,9 +164,13 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None) -
         arg_keys.update(args.keys())
         if len(sample) < SAMPLE_EVENTS:
             sample.append(dict(name=name, dur=e.get("dur"), args={k: str(v)[:300] for k, v in args.items()}))
-        found = index.find(name, args) if index else None
+        names = index.resolve(name, args) if index else []
+        found = index.scope_of(names) if names else None
         if index:
             by_path[(found.path or ("(no JAX scope)",)) if found else ("(no HLO instruction)",)] += ms
+            fam, flops = _family(index, names) if names else (CATEGORY_FAMILY.get(category(name), "other"), 0.0)
+            family_rows.append((fam, ms, flops))
+            family.setdefault(name, fam)
         if found and name not in scope:
             scope[name], op[name] = found.label(), found.op
         for key in SCOPE_KEYS:
@@ -164,26 +180,40 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None) -
     cats: dict[str, float] = collections.defaultdict(float)
     for name, ms in total.items():
         cats[category(f"{name} {op.get(name, '')}")] += ms
-    ops = [dict(name=n, ms=ms, share=ms / busy if busy else 0.0, count=count[n], scope=scope.get(n, ""))
-           for n, ms in sorted(total.items(), key=lambda kv: -kv[1])[:top]]
+    ops = [dict(name=n, ms=ms, share=ms / busy if busy else 0.0, count=count[n], scope=scope.get(n, ""),
+                family=family.get(n, "")) for n, ms in sorted(total.items(), key=lambda kv: -kv[1])[:top]]
+    families = op_families.family_table(family_rows, steps) if index else None
     return dict(busy_ms=busy, source=source, ops=ops, categories=dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-                scopes=scope_tree(by_path, busy), hlo=str(hlo) if hlo else None, arg_keys=dict(arg_keys.most_common()),
-                arg_sample=sample)
+                scopes=scope_tree(by_path, busy), families=families, steps=steps, hlo=str(hlo) if hlo else None,
+                arg_keys=dict(arg_keys.most_common()), arg_sample=sample)
 
 
-def format_summary(s: dict) -> str:
+def _family(index: HloIndex, names: list[str]) -> tuple[str, float]:
+    """The family and FLOPs of an event that ran one of the instructions ``names`` (several share its kernel name:
+    their most common family, their mean FLOPs)."""
+    families = [op_families.classify(index.scopes[n], index.instructions[n]) for n in names]
+    return max(families, key=families.count), sum(index.instructions[n].flops for n in names) / len(names)
+
+
+def format_summary(s: dict, families_only: bool = False) -> str:
+    """The summary as text: busy time, categories, op families, the scope tree and the top ops (``families_only``:
+    the op family table alone)."""
+    families = op_families.format_families(s["families"], s["steps"]) if s.get("families") else []
+    if families_only:
+        return "\n".join(families or ["no op families: they need the step's HLO text (--hlo)"])
     lines = [f"device busy time {s['busy_ms']:.1f} ms ({s['source']}); scopes from {s['hlo'] or 'event args'}",
              "arg keys seen on these events: " + ", ".join(f"{k} x{n}" for k, n in s["arg_keys"].items()),
              "by category:"]
     lines += [f"  {cat:<30} {ms:9.2f} ms {100 * ms / max(s['busy_ms'], 1e-9):5.1f}%" for cat, ms in
               s["categories"].items()]
+    lines += families
     if s["scopes"]:
         lines.append("by scope (call stack > named scopes; prefixes over 1%):")
         lines += [f"  {r['ms']:9.2f} ms {100 * r['share']:5.1f}%  {'  ' * r['depth']}{r['scope'][:100]}"
                   for r in s["scopes"]]
     lines.append(f"top {len(s['ops'])} ops:")
     lines += [f"  {o['ms']:9.2f} ms {100 * o['share']:5.1f}% x{o['count']:<5} {o['name'][:50]:<50} "
-              f"{o['scope'][-110:]}" for o in s["ops"]]
+              f"{o.get('family', ''):<18} {o['scope'][-110:]}" for o in s["ops"]]
     return "\n".join(lines)
 
 
@@ -193,9 +223,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hlo", help=f"the step's optimized HLO text (default: {HLO_FILE} next to the trace)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--args-sample", help="write the first device events' names and args to this JSON file")
+    ap.add_argument("--steps", type=int, default=1, help="steps the trace holds (the op families are per step)")
+    ap.add_argument("--families", action="store_true", help="print only the op family table "
+                    "(benchmarks/op_families.py)")
     args = ap.parse_args(argv)
-    s = summarize(args.trace, args.top, args.hlo)
-    print(format_summary(s))
+    s = summarize(args.trace, args.top, args.hlo, args.steps)
+    print(format_summary(s, families_only=args.families))
     if args.args_sample:
         Path(args.args_sample).write_text(json.dumps(s["arg_sample"], indent=1))
 

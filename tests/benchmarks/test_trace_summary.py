@@ -1,12 +1,21 @@
 """benchmarks/trace_summary.py: events of a real CPU trace are attributed to their JAX scopes through the HLO text,
 and the HLO metadata parser (benchmarks/hlo_index.py) finds fusions, cuBLAS gemms and Pallas (Triton) kernels by
-the names a GPU trace uses, and reads the FLOPs of the matmuls of a GPU-style step of known shapes."""
+the names a GPU trace uses; the op families (benchmarks/op_families.py) of a GPU-style step of known shapes and
+times, and of a real train step on CPU."""
+
+import collections
+import gzip
+import json
 
 import jax
 import jax.numpy as jnp
+import pytest
 
+from benchmarks import configs
 from benchmarks.hlo_index import HloIndex, parse_op_name
-from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
+from benchmarks.op_families import FAMILIES, MARKERS, MATMUL_FAMILIES
+from benchmarks.trace_summary import HLO_FILE, format_summary, main, summarize
+from benchmarks.train_throughput import benchmark
 
 # a GPU-style optimized HLO module (the long attributes filled in below): a loop fusion, a fusion whose scope is
 # only on its fused op, a cuBLAS gemm and a Pallas (Triton) kernel; the stack frame table prints a frame's parent
@@ -209,6 +218,25 @@ ENTRY %main (x: bf16[256,64]) -> bf16[256,64] {
 SCORES = 2 * 4 * 128 * 128  # the fused attention's B H Tq Tk
 
 
+def write_step_trace(folder, steps: int) -> None:
+    """The step's HLO and a device trace of ``steps`` steps: each instruction once per step on the XLA Ops line (a
+    kernel name, the instruction in ``hlo_op``), then a copy that names no instruction (1 us)."""
+    (folder / HLO_FILE).write_text(STEP)
+    events = [dict(ph="M", name="process_name", pid=1, args=dict(name="/device:GPU:0")),
+              dict(ph="M", name="thread_name", pid=1, tid=2, args=dict(name="XLA Ops"))]
+    ts = 0
+    for _ in range(steps):
+        for i, (ins, _, us, _) in enumerate(STEP_OPS):
+            op = ins.split(" = ")[0].lstrip("%")
+            events.append(dict(ph="X", pid=1, tid=2, ts=ts, dur=us, name=f"kernel_{i}",
+                               args=dict(hlo_op=op, hlo_module="jit_step")))
+            ts += us
+        events.append(dict(ph="X", pid=1, tid=2, ts=ts, dur=1, name="Memcpy DtoD", args={}))
+        ts += 1
+    with gzip.open(folder / "perfetto_trace.json.gz", "wt") as f:
+        json.dump(dict(traceEvents=events), f)
+
+
 def test_matmul_flops_of_gemms_fused_dots_and_cudnn_attention():
     ins = HloIndex(STEP).instructions
     assert ins["mlp_gemm"].flops == 2 * 256 * 512 * 64  # M N K, the operand's shape from its instruction
@@ -217,3 +245,74 @@ def test_matmul_flops_of_gemms_fused_dots_and_cudnn_attention():
     # cuDNN: 2 S (Dqk + Dv) forward, twice that backward, both halved by the causal mask
     assert ins["fmha"].flops == 2 * SCORES * (64 + 32) / 2 and ins["fmha_bwd"].flops == 2 * ins["fmha"].flops
     assert ins["grad_bwd"].flops == 0 and ins["grad_bwd"].target == "__gpu$xla.gpu.triton"
+
+
+def test_op_families_of_a_gpu_step(tmp_path, capsys):
+    write_step_trace(tmp_path, steps=2)
+    s = summarize(tmp_path, steps=2)
+    assert [r["name"] for r in s["families"]] == list(FAMILIES)
+    family = {r["name"]: r for r in s["families"]}
+    expected = collections.Counter({"other": 1e-3})  # the unmatched copy
+    for _, _, us, name in STEP_OPS:
+        expected[name] += us / 1e3
+    for name in FAMILIES:  # ms per step
+        assert family[name]["ms"] == pytest.approx(expected[name], abs=1e-12), name
+    assert sum(r["share"] for r in s["families"]) == pytest.approx(1.0)
+    assert sum(r["ms"] for r in s["families"]) == pytest.approx(s["busy_ms"] / 2)
+    ops = {o["name"]: o["family"] for o in s["ops"]}
+    assert ops == {"Memcpy DtoD": "other"} | {f"kernel_{i}": op[3] for i, op in enumerate(STEP_OPS)}
+    # TFLOP/s of the matmul families: their matmuls' FLOPs over those events' time (us per step)
+    tflops = {name: r["tflops"] for name, r in family.items()}
+    assert tflops["MLP matmuls"] == pytest.approx(2 * 256 * 512 * 64 / 10e-6 / 1e12)
+    assert tflops["mixer projections"] == pytest.approx(2 * 256 * 128 * 64 / 6e-6 / 1e12)
+    assert tflops["LM head and loss"] == pytest.approx(2 * 4 * 32 * 512 * 64 / 12e-6 / 1e12)  # not over 16 us
+    assert tflops["attention"] == pytest.approx(3 * SCORES * (64 + 32) / 24e-6 / 1e12)
+    assert family["LM head and loss"]["matmul_ms"] == pytest.approx(0.012)
+    assert all(tflops[name] is None for name in FAMILIES if name not in MATMUL_FAMILIES)
+    assert "by op family" in format_summary(s)
+    main([str(tmp_path), "--families", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert out.startswith("by op family") and "by scope" not in out and "1.678 TFLOP/s" in out
+
+
+def test_family_markers_name_the_model_code():
+    """Each marker names a function or class of the model, loss, kernels or train step (a rename there must be
+    made here too), and every sublayer kind has one."""
+    from hybrid_jax import kernels
+    from hybrid_jax.model import layers, stack
+    from hybrid_jax.parallel.attention import attention_at
+    from hybrid_jax.train.step import context_loss, loss, train_step
+
+    named = [loss.cross_entropy, stack.tied_logits, layers.lookup, layers.RMSNorm, layers.GroupRMSNorm,
+             layers.rms_normalize, kernels.chunk_gated_delta_rule, kernels.chunk_kda, kernels.chunk_simple_gla,
+             kernels.attention, attention_at, train_step.batch_loss, context_loss.context_batch_loss,
+             *stack.SUBLAYERS.values()]
+    assert {f.__name__ for f in named} == set(MARKERS)
+
+
+def test_op_families_of_a_real_train_step_on_cpu(tmp_path):
+    """The demo config cut to one MLA and one MLP sublayer, through ``python -m benchmarks train --profile``'s path
+    (about 8 s on CPU): the matmul FLOPs per traced step are the model's, the shares add up to 1."""
+    config = configs.load(configs.CONFIG_DIR / "demo.py", ["model.pattern=*-", "model.num_layers=2"])
+    config.train.global_batch_size = config.train.micro_batch_size
+    profile = benchmark(config, steps=1, warmup=1, profile=str(tmp_path), profile_steps=2,
+                        devices=jax.devices()[:1])["profile"]
+    family = {r["name"]: r for r in profile["families"]}
+    m, mla = config.model, config.model.mla
+    D, H, T = m.hidden_size, mla.num_heads, config.train.seq_len
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    train = 3 * 2 * config.train.global_batch_size * T  # FLOPs per weight and token, forward and backward
+    assert family["MLP matmuls"]["flops"] == train * 3 * D * m.ffn_size
+    assert family["mixer projections"]["flops"] == train * (
+        D * mla.q_lora_rank + mla.q_lora_rank * H * qk + D * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+        + mla.kv_lora_rank * H * (mla.qk_nope_head_dim + mla.v_head_dim) + H * mla.v_head_dim * D)
+    assert family["attention"]["flops"] == train * H * T * (qk + mla.v_head_dim)  # XLA: all T x T scores
+    assert family["LM head and loss"]["flops"] == pytest.approx(train * m.vocab_size * D, rel=1e-3)
+    assert sum(r["share"] for r in profile["families"]) == pytest.approx(1.0)
+    assert sum(r["ms"] for r in profile["families"]) == pytest.approx(profile["busy_ms"] / 2)
+    present = ("LM head and loss", "embedding", "MLP matmuls", "mixer projections", "attention", "norms", "optimizer")
+    assert all(family[name]["ms"] > 0 for name in present), family
+    assert family["recurrent kernels"]["ms"] == family["collectives"]["ms"] == 0
+    for name in MATMUL_FAMILIES:
+        assert family[name]["tflops"] == pytest.approx(family[name]["flops"] / family[name]["matmul_ms"] / 1e9)
+    assert "by op family" in (tmp_path / "trace_summary.txt").read_text()
