@@ -110,7 +110,7 @@ def trace_fwd_bwd(fwd_bwd, x, ct, directory: Path, calls: int = 3) -> dict:
         for _ in range(calls):
             out = fwd_bwd(x, ct)
         jax.block_until_ready(out)
-    summary = summarize(directory, hlo=directory / HLO_FILE)
+    summary = summarize(directory, hlo=directory / HLO_FILE, steps=calls)
     print(format_summary(summary), flush=True)
     return dict(calls=calls, **summary)
 

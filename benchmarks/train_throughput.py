@@ -9,7 +9,9 @@ per device) so a step takes seconds, not minutes. ``--devices N``: a mesh over t
 JSON object and saves it as the record ``train_<model name>`` (or ``--name``): tokens/s, tokens/s/device, MFU
 (``hybrid_jax.flops``), step time, peak device memory, the parameters and optimizer state held per device (ZeRO-1
 shards the latter), the first and last loss and the number of skipped steps. Timed steps exclude the ``--warmup``
-steps (compilation included there).
+steps (compilation included there). ``--profile DIR``: the summary of a trace of ``--profile-steps`` more steps
+(``benchmarks/trace_summary.py``) is printed and kept in the record as ``profile``, with ``profile.families`` the
+device time per step by op family and the TFLOP/s of the matmul families (``benchmarks/op_families.py``).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
         run(1, traced)  # warm-up
         with jax.profiler.trace(profile, create_perfetto_trace=True):
             run(profile_steps, traced)
-        trace = summarize(profile, hlo=Path(profile) / HLO_FILE)
+        trace = summarize(profile, hlo=Path(profile) / HLO_FILE, steps=profile_steps)
         text = format_summary(trace)
         print(text, flush=True)
         (Path(profile) / "trace_summary.txt").write_text(text + "\n")
@@ -119,7 +121,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
         loss_first=float(metrics[0]["loss"]),
         loss_last=float(metrics[-1]["loss"]),
         skipped=int(metrics[-1]["skipped"]),
-        profile=dict(steps=profile_steps, **trace) if trace else None,
+        profile=trace,
     )
 
 
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="", help="the record's name (default train_<model name>)")
     ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
     ap.add_argument("--profile", default="", help="after the timed steps, trace --profile-steps more into this "
-                    "directory (with the step's HLO text) and print where the device time goes "
+                    "directory (with the step's HLO text) and print where the device time goes, by op family too "
                     "(benchmarks/trace_summary.py; also written there with a sample of the events' args)")
     ap.add_argument("--profile-steps", type=int, default=3, help="steps traced with --profile")
     args, overrides = configs.parse(ap, argv)

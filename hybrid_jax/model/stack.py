@@ -153,7 +153,8 @@ class HybridLM(nnx.Module):
         ``model.reset_positions``, RoPE positions restart. ``context``: the mesh axis the time axis is split over,
         inside its ``shard_map`` (``hybrid_jax.train.step.context_loss``): ``tokens`` and ``segment_ids`` are then this
         shard's ``[B,T_local]`` part and so are the features; exact against the whole sequence on one device."""
-        h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
+        with jax.named_scope("lookup"):  # a name only: the gradient's ops carry no frame of the lookup (profiles)
+            h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
         for layer in self.layers:
             if context is not None:
                 h = layer(h, segment_ids, context)

@@ -1,0 +1,137 @@
+"""A train step's device time by op family: each traced HLO instruction in exactly one family, and for the matmul
+families the TFLOP/s their matmuls achieve.
+
+Families (:data:`FAMILIES`; the shares add up to 1): the LM head and loss, the token embedding (its lookup and the
+gradient's scatter-add), the MLPs' matmuls and their element-wise ops (SwiGLU), the mixers' projections (GDN, KDA,
+Mamba2 and MLA linear layers) and their element-wise ops (short convs, gates, RoPE), the recurrent kernels (all that
+runs under ``kernels.chunk_*``: the Pallas launches and their XLA glue), attention (all under ``kernels.attention``:
+cuDNN, the Pallas flash kernel or plain XLA), norms, the optimizer (all the step runs outside the loss: gradient
+accumulation, clipping, AdamW, the finite check), copies and transposes, collectives, and other.
+
+An instruction is put in its family by what it runs (:class:`~benchmarks.hlo_index.Instruction`) and where it comes
+from (its :class:`~benchmarks.hlo_index.Scope`):
+
+1. a collective (all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all; async or fused) is one;
+2. a copy, transpose or other pure data movement (a fusion of such ops only) is "copies/transposes";
+3. otherwise the innermost element of its scope path (a frame's function or class, or a named scope) that names a
+   part of the model or step (:data:`MARKERS`) decides: the MLP and the mixers split into their matmuls (a ``dot``,
+   a gemm or cuDNN call, a fusion with a dot) and the rest; an op in the loss function but in no finer part (the
+   residual adds) is "other";
+4. an op with a scope but no marker is "optimizer" (in a train step all outside the loss is the update); an op
+   without a scope (a copy XLA added) is "other".
+
+The TFLOP/s of a matmul family is the FLOPs of its matmuls (``Instruction.flops``: from the HLO shapes) over the
+device time of the events that ran them, not over the family's whole time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from benchmarks.hlo_index import Instruction, Scope
+
+FAMILIES = ("LM head and loss", "embedding", "MLP matmuls", "MLP element-wise", "mixer projections",
+            "mixer element-wise", "recurrent kernels", "attention", "norms", "optimizer", "copies/transposes",
+            "collectives", "other")
+MATMUL_FAMILIES = ("LM head and loss", "MLP matmuls", "mixer projections", "attention")
+# The functions and classes whose frames (or named scopes) mark a part of the model on a scope path, by a dotted
+# part of a path element (``GatedDeltaNet._mix``: ``GatedDeltaNet``); a test checks them against the code. A
+# custom VJP's backward ops carry the frames of its call, not of its rules: ``HybridLM.features`` names its lookup
+# call with a ``lookup`` scope for that.
+MARKERS = {
+    "cross_entropy": "head", "tied_logits": "head",  # hybrid_jax.train.step.loss, hybrid_jax.model.stack
+    "lookup": "embedding",  # hybrid_jax.model.layers (and the named scope around its call)
+    "MLP": "mlp",
+    "GatedDeltaNet": "mixer", "KimiDeltaAttention": "mixer", "Mamba2": "mixer", "MLA": "mixer",
+    "RMSNorm": "norm", "GroupRMSNorm": "norm", "rms_normalize": "norm",
+    "chunk_gated_delta_rule": "recurrent", "chunk_kda": "recurrent", "chunk_simple_gla": "recurrent",  # kernels
+    "attention": "attention", "attention_at": "attention",  # kernels.api, hybrid_jax.parallel.attention
+    "batch_loss": "loss", "context_batch_loss": "loss",  # hybrid_jax.train.step
+}
+# a marker's family: (for its matmuls, for the rest)
+FAMILY_OF = {
+    "head": ("LM head and loss",) * 2, "embedding": ("embedding",) * 2,
+    "mlp": ("MLP matmuls", "MLP element-wise"), "mixer": ("mixer projections", "mixer element-wise"),
+    "norm": ("norms",) * 2, "recurrent": ("recurrent kernels",) * 2, "attention": ("attention",) * 2,
+    "loss": ("other",) * 2,
+}
+COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all",
+               "collective-broadcast", "ragged-all-to-all"}
+MOVES = {"copy", "transpose", "concatenate", "slice", "dynamic-slice", "dynamic-update-slice", "pad", "reverse",
+         "bitcast", "reshape", "broadcast", "copy-start", "copy-done", "parameter", "constant", "tuple",
+         "get-tuple-element", "iota"}
+MATMULS = {"dot", "convolution"}
+
+
+def _base(opcode: str) -> str:
+    """``all-reduce-start`` -> ``all-reduce``."""
+    return opcode.removesuffix("-start").removesuffix("-done")
+
+
+def is_collective(ins: Instruction) -> bool:
+    """A collective, async or wrapped in a computation (``async-start`` calling an all-gather)."""
+    return any(_base(op) in COLLECTIVES for op in {ins.opcode, *ins.fused})
+
+
+def is_matmul(ins: Instruction) -> bool:
+    """A dot or convolution, a gemm or fused-attention library call, or a fusion with a dot in it."""
+    library = any(k in ins.target.lower() for k in ("gemm", "matmul", "fmha"))
+    return ins.flops > 0 or ins.opcode in MATMULS or bool(ins.fused & MATMULS) or library
+
+
+def moves_only(ins: Instruction) -> bool:
+    """Pure data movement: a copy, transpose, concatenate, slice, pad ... or a fusion of nothing else (a fusion of
+    parameters and bitcasts only moves nothing: its scope decides)."""
+    if ins.opcode == "fusion":
+        return bool(ins.fused - {"parameter", "bitcast", "tuple", "get-tuple-element"}) and ins.fused <= MOVES
+    return ins.opcode in MOVES - {"parameter", "constant", "tuple", "get-tuple-element"}
+
+
+def marker(path: tuple[str, ...]) -> str | None:
+    """The innermost model part (a :data:`MARKERS` value) on a scope path, None if there is none."""
+    for element in reversed(path):
+        for part in reversed(element.split(".")):
+            if (kind := MARKERS.get(part)) is not None:
+                return kind
+    return None
+
+
+def classify(scope: Scope, ins: Instruction) -> str:
+    """The family of one instruction, one of :data:`FAMILIES` (the rules are in the module docstring)."""
+    if is_collective(ins):
+        return "collectives"
+    if moves_only(ins):
+        return "copies/transposes"
+    if (kind := marker(scope.path)) is not None:
+        matmul, rest = FAMILY_OF[kind]
+        return matmul if is_matmul(ins) else rest
+    return "optimizer" if scope.path else "other"
+
+
+def family_table(rows: Iterable[tuple[str, float, float]], steps: int = 1) -> list[dict]:
+    """Per family, from ``(family, ms, flops)`` per traced event: ``{"name", "ms", "share", "flops",
+    "matmul_ms", "tflops"}`` with ``ms`` and ``flops`` per step (the trace holds ``steps`` steps), ``share`` of the
+    summed time (the shares add up to 1), ``matmul_ms`` the time of the events with counted FLOPs and ``tflops``
+    their FLOPs over that time (None outside :data:`MATMUL_FAMILIES` or without counted FLOPs). Every family has a
+    row, in :data:`FAMILIES` order."""
+    ms = dict.fromkeys(FAMILIES, 0.0)
+    flops, matmul_ms = dict(ms), dict(ms)
+    for family, t, f in rows:
+        ms[family] += t
+        flops[family] += f
+        matmul_ms[family] += t if f > 0 else 0.0
+    total = sum(ms.values())
+    return [dict(name=name, ms=ms[name] / steps, share=ms[name] / total if total else 0.0,
+                 flops=flops[name] / steps, matmul_ms=matmul_ms[name] / steps,
+                 tflops=flops[name] / matmul_ms[name] / 1e9 if name in MATMUL_FAMILIES and matmul_ms[name] else None)
+            for name in FAMILIES]
+
+
+def format_families(table: list[dict], steps: int) -> list[str]:
+    """The family table as text lines: ms per step, share, TFLOP/s of the matmul families (with their matmuls'
+    time)."""
+    lines = [f"by op family (per step, {steps} traced; TFLOP/s: the family's matmul FLOPs over those events' time):"]
+    for r in table:
+        rate = f"  {r['tflops']:7.4g} TFLOP/s over {r['matmul_ms']:.3f} ms" if r["tflops"] is not None else ""
+        lines.append(f"  {r['name']:<20} {r['ms']:9.3f} ms {100 * r['share']:5.1f}%{rate}")
+    return lines
