@@ -45,7 +45,7 @@ MARKERS = {
     "GatedDeltaNet": "mixer", "KimiDeltaAttention": "mixer", "Mamba2": "mixer", "MLA": "mixer",
     "RMSNorm": "norm", "GroupRMSNorm": "norm", "rms_normalize": "norm",
     "chunk_gated_delta_rule": "recurrent", "chunk_kda": "recurrent", "chunk_simple_gla": "recurrent",  # kernels
-    "attention": "attention", "attention_at": "attention",  # kernels.api, hybrid_jax.parallel.attention
+    "attention": "attention",  # kernels.api (MLA, also its context-parallel form)
     "batch_loss": "loss", "context_batch_loss": "loss",  # hybrid_jax.train.step
 }
 # a marker's family: (for its matmuls, for the rest)

@@ -18,9 +18,11 @@ import numpy as np, torch
 from transformers import AutoModelForCausalLM
 import hybrid_jax
 
+import pathlib
 import kernels
-assert "hybrid_jax" not in (getattr(kernels, "__file__", None) or "") and not str(kernels.__path__[0]).startswith(
-    sys.argv[3]), kernels.__path__
+top_level = (pathlib.Path(sys.argv[3]) / "kernels").resolve()  # the repository's folder (a .venv may sit beside it)
+assert "hybrid_jax" not in (getattr(kernels, "__file__", None) or "") and all(
+    pathlib.Path(p).resolve() != top_level for p in kernels.__path__), kernels.__path__
 hf = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True, dtype=torch.float32).eval()
 model, config = hybrid_jax.load(sys.argv[2])
 tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (1, 12), dtype=np.int32)

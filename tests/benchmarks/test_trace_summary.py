@@ -280,12 +280,11 @@ def test_family_markers_name_the_model_code():
     made here too), and every sublayer kind has one."""
     from hybrid_jax import kernels
     from hybrid_jax.model import layers, stack
-    from hybrid_jax.parallel.attention import attention_at
     from hybrid_jax.train.step import context_loss, loss, train_step
 
     named = [loss.cross_entropy, stack.tied_logits, layers.lookup, layers.RMSNorm, layers.GroupRMSNorm,
              layers.rms_normalize, kernels.chunk_gated_delta_rule, kernels.chunk_kda, kernels.chunk_simple_gla,
-             kernels.attention, attention_at, train_step.batch_loss, context_loss.context_batch_loss,
+             kernels.attention, train_step.batch_loss, context_loss.context_batch_loss,
              *stack.SUBLAYERS.values()]
     assert {f.__name__ for f in named} == set(MARKERS)
 
