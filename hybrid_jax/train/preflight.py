@@ -67,14 +67,14 @@ def preflight(config: ConfigDict, n_devices: int | None = None, *, force: bool =
     warmup. ``n_devices``: the devices the run uses (default: all of every process); ``force``: train even when the
     memory estimate says the step cannot fit."""
     try:
-        data, fsdp, _ = mesh_lib.mesh_shape(config.mesh, jax.device_count() if n_devices is None else n_devices)
+        data, fsdp, context = mesh_lib.mesh_shape(config.mesh, jax.device_count() if n_devices is None else n_devices)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     batch_shards = data * fsdp
     check_config(config, batch_shards)
     notes = [clamp_warmup(config.train)]
     params = abstract_params(config.model)
-    notes.append(_check_memory(config, params, data, fsdp, force))
+    notes.append(_check_memory(config, params, (data, fsdp, context), force))
     dataset, tokenizer, data_notes = _open_data(config)
     notes += data_notes
     heldout = None
@@ -113,16 +113,19 @@ def device_memory_bytes() -> int | None:
     return int(meminfo["MemAvailable"].split()[0]) * 1024 // jax.local_device_count()
 
 
-def _check_memory(config: ConfigDict, params: dict, data: int, fsdp: int, force: bool) -> str | None:
-    """Refuse (unless ``force``) a step whose estimated memory per device exceeds what the device has."""
+def _check_memory(config: ConfigDict, params: dict, mesh: tuple[int, int, int], force: bool) -> str | None:
+    """Refuse (unless ``force``) a step whose estimated memory per device exceeds what the device has; ``mesh``:
+    ``(data, fsdp, context)`` sizes (ZeRO-1 splits the moments over all three, ``context`` the sequence)."""
+    data, fsdp, context = mesh
     available = device_memory_bytes()
     if available is None:
         return None
     m, t = config.model, config.train
     n = sum(x.size for x in jax.tree.leaves(params))
-    moments = 8 * n / (data * fsdp if t.zero1 else fsdp)
+    moments = 8 * n / (data * fsdp * context if t.zero1 else fsdp)
     state = (STATE_BYTES - 8) * n / fsdp + moments
-    activations = t.micro_batch_size * t.seq_len * len(layer_plan(m)) * m.hidden_size * ACTIVATION_BYTES[m.remat]
+    tokens = t.micro_batch_size * t.seq_len // context
+    activations = tokens * len(layer_plan(m)) * m.hidden_size * ACTIVATION_BYTES[m.remat]
     need = state + activations
     if need <= available:
         return None

@@ -142,6 +142,8 @@ def test_a_step_too_large_for_the_device_is_refused_before_anything_is_built(tmp
                                    "least ") and str(e.value).endswith("or pass --force to try anyway")
     assert "but a cpu device here has 24.0 GiB" in str(e.value) and not (tmp_path / "run").exists()
     params = preflight.abstract_params(config.model)
-    assert preflight._check_memory(config, params, 8, 1, force=True).startswith("warning: the step of zebra_1b_gdn")
+    warning = preflight._check_memory(config, params, (8, 1, 1), force=True)
+    assert warning.startswith("warning: the step of zebra_1b_gdn")
+    assert preflight._check_memory(config, params, (1, 1, 8), force=False) is None  # sequence and moments over 8
     config.model.remat, config.train.micro_batch_size = "full", 1  # what the message suggests
-    assert preflight._check_memory(config, params, 8, 1, force=False) is None
+    assert preflight._check_memory(config, params, (8, 1, 1), force=False) is None

@@ -10,7 +10,8 @@ axis sizes divides, and replicated when none does:
   (sequence parallelism). The batch's ``[B, T+1]`` windows are only split on ``batch``: the step slices the
   inputs ``[:, :-1]`` and targets ``[:, 1:]`` and splits those (:data:`token_spec`), a local slice per device.
 * ``params``: the float32 master weights, over ``fsdp`` (size 1 today: replicated).
-* ``opt_state``: AdamW moments, over ``fsdp``, plus ``data`` with ``train.zero1`` (ZeRO-1).
+* ``opt_state``: AdamW moments, over ``fsdp``, plus ``data`` and ``context`` with ``train.zero1`` (ZeRO-1: the
+  devices that hold the same weights each update a part of them).
 
 ZeRO-3 is therefore ``--config.mesh.fsdp=N``: parameters and moments become split over ``fsdp`` and XLA
 inserts the all-gathers. The tests check that such a step equals the one-device step; it is not yet tuned
@@ -39,7 +40,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "sequence": (CONTEXT,),
     "params": ("fsdp",),
     "opt_state": ("fsdp",),
-    "opt_state_zero1": ("data", "fsdp"),
+    "opt_state_zero1": ("data", "fsdp", CONTEXT),
 }
 
 
