@@ -52,23 +52,15 @@ class Sublayer(nnx.Module):
 
     def residual(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
         h = self.norm(x)
-        if self.kind == "mlp":
-            y = self.block(h)
-        elif context is not None:
-            y = self.block(h, segment_ids=segment_ids, context=context)
-        else:
-            y = self.block(h) if segment_ids is None else self.block(h, segment_ids=segment_ids)
+        y = self.block(h) if self.kind == "mlp" else self.block(h, segment_ids=segment_ids, context=context)
         return x + y.astype(x.dtype)
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
         """``segment_ids [B,T]``: packed documents (every mixer keeps each document to itself). ``context``: the mesh
         axis the time axis is split over, inside its ``shard_map`` (``hybrid_jax.parallel``); ``x`` is then this
         shard's ``[B,T_local,D]``."""
-        if context is not None:
-            out = (nnx.remat(Sublayer.residual, static_argnums=3)(self, x, segment_ids, context) if self.remat
-                   else self.residual(x, segment_ids, context))
-        else:
-            out = nnx.remat(Sublayer.residual)(self, x, segment_ids) if self.remat else self.residual(x, segment_ids)
+        residual = nnx.remat(Sublayer.residual, static_argnums=3) if self.remat else Sublayer.residual
+        out = residual(self, x, segment_ids, context)
         sow(self, "output", out)
         return out
 
@@ -156,10 +148,7 @@ class HybridLM(nnx.Module):
         with jax.named_scope("lookup"):  # a name only: the gradient's ops carry no frame of the lookup (profiles)
             h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
         for layer in self.layers:
-            if context is not None:
-                h = layer(h, segment_ids, context)
-            else:
-                h = layer(h, segment_ids) if segment_ids is not None else layer(h)
+            h = layer(h, segment_ids, context)
         return self.final_norm(h)
 
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:

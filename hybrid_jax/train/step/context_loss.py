@@ -12,13 +12,12 @@ parameters enter replicated (gathered over ``fsdp`` at the boundary when split t
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
 from hybrid_jax.data.pipeline import Batch
 from hybrid_jax.train.step import mesh as mesh_lib
-from hybrid_jax.train.step.loss import cross_entropy
+from hybrid_jax.train.step.loss import model_loss
 
 
 def context_batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk_size: int,
@@ -35,9 +34,8 @@ def context_batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk
 
     def local(params: dict, inputs: jax.Array, targets: jax.Array, segment_ids: jax.Array | None = None
               ) -> jax.Array:
-        model = nnx.merge(graphdef, params)
-        h = model.features(inputs, segment_ids, context=mesh_lib.CONTEXT)
-        loss = cross_entropy(h, jnp.asarray(model.output_embedding), targets, chunk_size=chunk_size)
+        loss = model_loss(nnx.merge(graphdef, params), inputs, targets, segment_ids, chunk_size=chunk_size,
+                          context=mesh_lib.CONTEXT)
         return jax.lax.pmean(loss, axes)
 
     # check_vma=False: the kernels' scans start from states made inside them (zeros, or the [0 | I] of

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 F32 = jnp.float32
 
@@ -47,6 +48,15 @@ def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chu
     h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n_chunks, chunk_size, d)
     targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, chunk_size)
     return _chunked_ce(h, embedding.astype(h.dtype), targets, weight)
+
+
+def model_loss(model: nnx.Module, inputs: jax.Array, targets: jax.Array, segment_ids: jax.Array | None, *,
+               chunk_size: int, context: str | None = None) -> jax.Array:
+    """Mean next-token cross-entropy of ``model`` (a ``HybridLM``) reading ``inputs [B,T]`` against ``targets [B,T]``
+    (``segment_ids [B,T]``: packed documents; ``context``: inside its ``shard_map``, the mesh axis the time axis is
+    split over, the arrays then this shard's part); float32 scalar."""
+    h = model.features(inputs, segment_ids, context=context)
+    return cross_entropy(h, jnp.asarray(model.output_embedding), targets, chunk_size=chunk_size)
 
 
 def plain_cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array) -> jax.Array:

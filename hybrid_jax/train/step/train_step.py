@@ -27,7 +27,7 @@ from ml_collections import ConfigDict
 from hybrid_jax.data.pipeline import Batch
 from hybrid_jax.train.step import mesh as mesh_lib
 from hybrid_jax.train.step.context_loss import context_batch_loss
-from hybrid_jax.train.step.loss import cross_entropy
+from hybrid_jax.train.step.loss import model_loss
 from hybrid_jax.train.step.schedule import learning_rate_schedule
 
 State = dict[str, Any]
@@ -96,10 +96,9 @@ def batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk_size: i
     split over it (:func:`~hybrid_jax.train.step.context_loss.context_batch_loss`)."""
     if mesh_lib.context_shards(jax.sharding.get_abstract_mesh()) > 1:
         return context_batch_loss(params, graphdef, batch, chunk_size)
-    model = nnx.merge(graphdef, params)
     segment_ids = None if batch.segment_ids is None else batch.segment_ids[:, :-1]
-    h = model.features(batch.tokens[:, :-1], segment_ids)
-    return cross_entropy(h, jnp.asarray(model.output_embedding), batch.tokens[:, 1:], chunk_size=chunk_size)
+    return model_loss(nnx.merge(graphdef, params), batch.tokens[:, :-1], batch.tokens[:, 1:], segment_ids,
+                      chunk_size=chunk_size)
 
 
 def make_train_step(
