@@ -24,7 +24,7 @@ from hybrid_jax.kernels.tooling.timing import median_ms
 from hybrid_jax.model.layers import lookup
 
 
-def gradients(vocab: int, hidden: int) -> dict:
+def gradients() -> dict:
     """``{form: jitted (table [V, D] float32, ids [B, T], cotangent [B, T, D] bfloat16) -> d table [V, D]}``."""
 
     def through(embed):
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     ids = {"mock": rng.integers(0, args.vocab, n, dtype=np.int32), "data": real}
     table = jnp.asarray(rng.standard_normal((args.vocab, args.hidden)) * 0.02, jnp.float32)
     cotangent = jnp.asarray(rng.standard_normal((args.batch, args.seq_len, args.hidden)), jnp.bfloat16)
-    forms = gradients(args.vocab, args.hidden)
+    forms = gradients()
     figures: dict = dict(batch=args.batch, seq_len=args.seq_len, hidden=args.hidden, vocab=args.vocab)
     for kind, flat in ids.items():
         x = jnp.asarray(flat.reshape(args.batch, args.seq_len))
