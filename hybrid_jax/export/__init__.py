@@ -6,8 +6,7 @@ or one of our HF exports into a resumable step-0 workdir. The CLI is ``python -m
 ``export`` extra (torch, transformers, safetensors).
 """
 
-from hybrid_jax.export.import_fla import import_fla, load_fla
-from hybrid_jax.export.import_hf import import_hf, load_hf
+from hybrid_jax.export.imports import import_fla, import_hf, load_fla, load_hf
 from hybrid_jax.export.tensors import ExportError
 from hybrid_jax.export.writer import export, export_model
 

@@ -60,12 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.from_fla or args.from_hf:
             base = load_config_file(args.config) if args.config else base_config()
-            if args.from_hf:
-                from hybrid_jax.export.import_hf import import_hf as do_import
-            else:
-                from hybrid_jax.export.import_fla import import_fla as do_import
+            from hybrid_jax.export.imports import load_fla, load_hf, write_training_start
+
             source = args.from_hf or args.from_fla
-            config = do_import(source, args.workdir, base)
+            config = write_training_start(load_hf if args.from_hf else load_fla, source, args.workdir, base)
             against = "" if args.config else " (overrides against base_config(); import with --config C for C's)"
             print(f"imported {source} into {args.workdir} (step 0). Train from it with{against}:\n"
                   + " ".join(["python -m hybrid_jax.train --config", shlex.quote(args.config or "CONFIG"),

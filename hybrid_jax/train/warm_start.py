@@ -1,6 +1,6 @@
 """A run that starts from given weights: a step-0 checkpoint of those parameters with a fresh optimizer state.
 
-``write_workdir(config, params, workdir)`` is what ``hybrid_jax.export.import_fla`` writes an FLA checkpoint with;
+``write_workdir(config, params, workdir)`` is what ``hybrid_jax.export.imports`` writes an imported checkpoint with;
 training ``config`` in ``workdir`` then resumes from it, i.e. starts from those weights.
 """
 

@@ -11,10 +11,9 @@ INFERENCE_MODULES = ["hybrid_jax.checkpoints", "hybrid_jax.export.__main__", "hy
                      "hybrid_jax.explore"]
 INFERENCE_FILES = ["hybrid_jax/checkpoints", "hybrid_jax/generate.py", "hybrid_jax/explore",
                    "hybrid_jax/export", "hybrid_jax/eval"]
-# The exceptions: importing an FLA checkpoint or one of our HF exports writes a training start (with an optimizer
-# state), in ``import_fla`` / ``import_hf`` themselves; export, eval, generate and explore never reach them.
-WRITES_A_TRAINING_START = {("hybrid_jax/export/import_fla.py", "import_fla"),
-                           ("hybrid_jax/export/import_hf.py", "import_hf")}
+# The exception: importing an FLA checkpoint or one of our HF exports writes a training start (with an optimizer
+# state), in ``write_training_start`` itself; export, eval, generate and explore never reach it.
+WRITES_A_TRAINING_START = {("hybrid_jax/export/imports.py", "write_training_start")}
 
 
 def _train_imports(path) -> set[tuple[str, str]]:

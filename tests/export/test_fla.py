@@ -10,7 +10,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("torch")
 
 from hybrid_jax.export import fla  # noqa: E402
-from hybrid_jax.export.import_fla import load_fla  # noqa: E402
+from hybrid_jax.export.imports import load_fla  # noqa: E402
 from hybrid_jax.export.tensors import ExportError, flat_params, load_safetensors, save_safetensors  # noqa: E402
 from hybrid_jax.export.writer import export_model  # noqa: E402
 from tests.conftest import REPO  # noqa: E402

@@ -61,7 +61,7 @@ def test_hf_round_trip_is_identical(tmp_path, capsys):
 
 def test_hf_tied_import_is_identical(tmp_path):
     """The tied demo model (every sublayer kind) read back: the same config, every parameter bit for bit."""
-    from hybrid_jax.export.import_hf import load_hf
+    from hybrid_jax.export.imports import load_hf
     from hybrid_jax.export.tensors import flat_params
 
     cfg = load_config("demo")
