@@ -40,3 +40,4 @@ def test_an_export_loads_with_transformers_from_the_repository_root(finished_run
     load = subprocess.run([sys.executable, "-", str(tmp_path / "hf"), str(finished_run), str(REPO)], input=LOAD,
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert load.returncode == 0 and "loaded and equal" in load.stdout, load.stderr[-3000:]
+
