@@ -44,6 +44,8 @@ CATEGORIES = (  # (category, substrings of a lower-cased event name); the first 
     ("matmul", ("gemm", "cublas", "cutlass", "dot", "matmul", "sm90_xmma", "nvjet")),
     ("collective", ("all-reduce", "all_reduce", "allreduce", "all-gather", "reduce-scatter", "nccl", "rccl")),
 )
+# the args that mark a memset or a memory copy (the device trace's own kinds of event, not kernels)
+TRANSFER_ARGS = {"Memset_details", "memcpy_details"}
 # the family of an event matched to no HLO instruction of the step, by its category
 CATEGORY_FAMILY = {"pallas recurrent": "recurrent kernels", "pallas attention": "attention",
                    "collective": "collectives"}
@@ -169,7 +171,8 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
         if index:
             by_path[(found.path or ("(no JAX scope)",)) if found else ("(no HLO instruction)",)] += ms
             fam, flops = _family(index, names) if names else (CATEGORY_FAMILY.get(category(name), "other"), 0.0)
-            family_rows.append((fam, ms, flops))
+            # a gemm's memset or copy runs under its instruction too: its time is the family's, its FLOPs are not
+            family_rows.append((fam, ms, 0.0 if TRANSFER_ARGS & args.keys() else flops))
             family.setdefault(name, fam)
         if found and name not in scope:
             scope[name], op[name] = found.label(), found.op
