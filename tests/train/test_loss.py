@@ -43,6 +43,31 @@ def test_bfloat16_features_close_to_float32():
     np.testing.assert_allclose(got, ref, rtol=2e-2)
 
 
+def test_bfloat16_logits_are_stored_rounded_and_read_in_float32():
+    """In bf16 the logits are kept in bf16 (as FLA's fused cross-entropy keeps them; half the bytes of the memory-
+    bound passes over [chunk, vocab]): the loss and dh are those of the rounded logits, with the log-sum-exp, the
+    softmax and the target logit in float32; against full float32 logits the loss moves by about bf16's rounding."""
+    kh, ke, kt = jax.random.split(jax.random.key(6), 3)
+    h = jax.random.normal(kh, (2, 40, 32)).astype(jnp.bfloat16)
+    e = (0.5 * jax.random.normal(ke, (300, 32))).astype(jnp.bfloat16)
+    t = jax.random.randint(kt, (2, 40), 0, 300)
+    f32 = jnp.einsum("btd,vd->btv", h, e, preferred_element_type=jnp.float32)
+    target = jnp.take_along_axis(f32, t[..., None], axis=-1)[..., 0]
+
+    def rounded_loss(h):  # the reference: logits rounded to bf16, everything after them float32
+        logits = jnp.einsum("btd,vd->btv", h, e, preferred_element_type=jnp.float32)
+        target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        logits = logits + jax.lax.stop_gradient(logits.astype(jnp.bfloat16).astype(jnp.float32) - logits)
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target)
+
+    loss, dh = jax.value_and_grad(lambda h: cross_entropy(h, e, t, chunk_size=24))(h)
+    want, want_dh = jax.value_and_grad(rounded_loss)(h.astype(jnp.float32))
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    exact = jnp.mean(jax.nn.logsumexp(f32, axis=-1) - target)
+    assert 1e-6 < abs(float(loss - exact)) < 2e-3  # the rounding shows, and stays at bf16's scale
+    np.testing.assert_allclose(np.asarray(dh, np.float32), want_dh, rtol=2e-2, atol=2e-5)  # dh is rounded to bf16
+
+
 def test_no_full_logits_in_the_compiled_program():
     """No [tokens, vocab] float32 buffer: the largest intermediate is a [chunk, vocab] block."""
     n, d, v, chunk = 256, 16, 4096, 32

@@ -3,19 +3,22 @@
 
 The logits ``h @ E^T`` of a whole batch are ``[tokens, vocab]``: at the 300M recipe (32 x 2048 tokens,
 vocabulary 128,256) that is 31 GiB in float32, more than the rest of the step. Here the tokens are cut into
-chunks of ``chunk_size``; each chunk's float32 logits ``[chunk_size, vocab]`` exist only inside one step of a scan.
+chunks of ``chunk_size``; each chunk's logits ``[chunk_size, vocab]`` exist only inside one step of a scan.
 
 Under differentiation (the custom VJP's forward rule) the same pass also builds the gradient, as FLA's fused
 linear cross-entropy does: with a chunk's full-vocabulary logits at hand its log-sum-exp is known, so
 ``dlogits = (softmax - onehot) / N`` follows at once, and ``dh = dlogits E`` and ``dE += dlogits^T h`` are taken
 there; the backward rule only scales them by the incoming cotangent. Against recomputing the logits in the
-backward pass this saves one of the four ``[tokens, vocab, D]`` matmuls and one write of the float32 logits per
-step. Without differentiation (evaluation) only the log-sum-exp is computed.
+backward pass this saves one of the four ``[tokens, vocab, D]`` matmuls and one write of the logits per step.
+Without differentiation (evaluation) only the log-sum-exp is computed.
 
-The matmuls run in the dtype of ``h`` (the compute dtype) with float32 accumulation; the log-sum-exp and the
-softmax are float32; ``dlogits`` is rounded to ``h``'s dtype for its two matmuls, with the ``- onehot`` applied
-before that rounding (subtracting it afterwards would cancel the rounded target probability against 1 and lose
-the gradient of confident tokens).
+The matmuls run in the dtype of ``h`` (the compute dtype) with float32 accumulation, and the logits are stored in
+that dtype, as FLA's fused linear cross-entropy keeps them: the element-wise passes over ``[chunk, vocab]`` (the
+log-sum-exp's two reductions, ``dlogits``) are memory-bound, and bfloat16 logits halve them (benchmarks/NOTES.md).
+The log-sum-exp and the softmax are computed in float32 from them; ``dlogits`` is rounded to ``h``'s dtype for its
+two matmuls, with the ``- onehot`` applied before that rounding (subtracting it afterwards would cancel the
+rounded target probability against 1 and lose the gradient of confident tokens). The target logit is a float32
+dot product of ``h`` and its target row, not read from the rounded logits.
 """
 
 from __future__ import annotations
@@ -67,8 +70,9 @@ def plain_cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array) 
 
 
 def _logits(h: jax.Array, e: jax.Array) -> jax.Array:
-    """Float32 logits ``[C, V]`` of one chunk ``h [C, D]``."""
-    return jnp.einsum("cd,vd->cv", h, e, preferred_element_type=F32)
+    """Logits ``[C, V]`` of one chunk ``h [C, D]``: accumulated in float32, stored in ``h``'s dtype, read as float32
+    (the conversion fuses into the element-wise passes that read them)."""
+    return jnp.einsum("cd,vd->cv", h, e, preferred_element_type=h.dtype).astype(F32)
 
 
 def _loss(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array, lse: jax.Array) -> jax.Array:
