@@ -53,6 +53,8 @@ PARTS = {  # name: (module, one line)
                   "memory / matmul roofline"),
     "embedding_grad": ("benchmarks.embedding_grad", "the token embedding's gradient on mock and on real text's ids: "
                        "the gather's transpose against the model's sorted lookup"),
+    "context_shard": ("benchmarks.context_shard", "one context-parallel shard's recurrences and MLA attention against "
+                      "the plain calls on its tokens, on one GPU: the extra work of the context axis"),
     "sublayers": ("benchmarks.sublayers", "time per sublayer kind against its FLOP share"),
     "decode": ("benchmarks.decode", "decoding: cache memory per token (--memory) and decode tokens/s"),
     "data_pipeline": ("benchmarks.data_pipeline", "prepare (tokens/s) and the Grain pipeline (batches/s), CPU"),

@@ -21,7 +21,10 @@ is split over ``data x fsdp`` only. ``--cpu`` compiles for ``data x fsdp x conte
 rematerializes differently from the GPU one and the Pallas kernels fall back to their XLA form (MLA's then holds
 dense ``[B, H, T/context, T]`` scores: ``--config.model.kernel_impl=pallas_interpret`` compiles the kernels'
 interpreted form instead); the plan for a GPU run is this command on the GPUs themselves (where it compiles for
-the mesh's GPUs without running a step). Saves the record ``plan_memory_<model name>_d<data>_f<fsdp>`` (plus
+the mesh's GPUs without running a step). ``--mock-gpus`` plans a mesh of more GPUs than the machine has: JAX's mock GPU
+topology (``jax_mock_gpu_topology = "<n> x 1 x 1"``: ``n`` hosts of one GPU each, this process the first, the others'
+collectives mocked) makes the one GPU compile the step for all ``n``; the memory analysis is the compiler's for one
+device of the mesh, and nothing runs. Saves the record ``plan_memory_<model name>_d<data>_f<fsdp>`` (plus
 ``_c<context>`` with a context axis; or ``--name``).
 """
 
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=None, help="mesh.context: the sequence split (default: config's)")
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per device per step")
     ap.add_argument("--cpu", action="store_true", help="compile for the mesh's host CPU devices (indicative)")
+    ap.add_argument("--mock-gpus", action="store_true", help="compile the whole mesh on this machine's first GPU "
+                    "through JAX's mock GPU topology (one mocked host per device; compile-only)")
     ap.add_argument("--no-compile", action="store_true", help="only the state's bytes per device (seconds)")
     ap.add_argument("--name", default="", help="the record's name (default plan_memory_<model>_d<D>_f<F>)")
     ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
@@ -129,12 +134,17 @@ def main(argv: list[str] | None = None) -> None:
     context = config.mesh.get("context", 1) if args.context is None else args.context
     config.mesh.data, config.mesh.fsdp, config.mesh.context = args.data, args.fsdp, context
     n = args.data * args.fsdp * context
+    if args.cpu and args.mock_gpus:
+        ap.error("--cpu and --mock-gpus exclude each other")
     if args.cpu:  # read when the backend starts, which is below
         os.environ["XLA_FLAGS"] = " ".join(
             [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
             + [f"--xla_force_host_platform_device_count={n}"])
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
+    elif args.mock_gpus:  # read when the GPU backend starts, which is below
+        jax.config.update("jax_cuda_visible_devices", "0")
+        jax.config.update("jax_mock_gpu_topology", f"{n}x1x1")
     logging.set_verbosity(logging.WARNING)
     if len(jax.devices()) < n:
         ap.error(f"data {args.data} x fsdp {args.fsdp} x context {context} needs {n} devices, this process sees "
@@ -144,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
     name = f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}" + (f"_c{context}" if context > 1 else "")
-    record.save(args.name or name, result, out=args.out)
+    record.save(args.name or name + ("_mock" if args.mock_gpus else ""), result, out=args.out)
 
 
 if __name__ == "__main__":

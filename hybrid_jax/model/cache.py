@@ -6,8 +6,11 @@
   key ``[B,S,qk_rope_head_dim]`` for each of ``S = max_len`` positions (never the per-head K/V);
 * MLP: nothing (``None``).
 
-:class:`Cache` holds one entry per sublayer and the number of tokens each sequence has consumed (``lengths [B]``).
-:func:`compile_decoder` jit-compiles a model's ``prefill`` and ``decode_step`` for a fixed cache size.
+:class:`Cache` holds one entry per sublayer, the number of tokens each sequence has consumed (``lengths [B]``) and
+where its current document starts (``starts [B]``: 0, unless a prompt of packed documents was prefilled with its
+segment ids; attention reads no key before it and, with ``model.reset_positions``, counts RoPE positions from it).
+:func:`compile_decoder` jit-compiles a model's ``prefill`` and ``decode_step`` for a fixed cache size;
+:func:`compile_context_prefill` a prefill with the prompt's time axis split over a mesh axis (context parallelism).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class MLACache(NamedTuple):
 class Cache(NamedTuple):
     layers: tuple[RecurrentCache | MLACache | None, ...]  # one per sublayer
     lengths: jax.Array  # [B] int32: tokens consumed so far (= position of the next token)
+    starts: jax.Array  # [B] int32: position of the current document's first token (keys before it are not attended)
 
 
 def cache_bytes(cache: Any) -> int:
@@ -63,3 +67,30 @@ def compile_decoder(model: nnx.Module) -> tuple[Prefill, Step]:
 
     return (lambda tokens, lengths, cache: prefill(state, tokens, lengths, cache),
             lambda token, cache: step(state, token, cache))
+
+
+ContextPrefill = Callable[[jax.Array, jax.Array | None], tuple[jax.Array, Cache]]
+
+
+def compile_context_prefill(model: nnx.Module, mesh: jax.sharding.Mesh, max_len: int, axis: str = "context"
+                            ) -> ContextPrefill:
+    """``prefill(tokens [B,T], segment_ids [B,T] or None) -> (logits [B,V] float32, cache)`` of ``model``, jitted,
+    with the prompts' time axis split over ``mesh``'s axis ``axis`` (``T`` a multiple of its size, every row ``T``
+    real tokens; ``HybridLM.context_prefill`` on each shard). The logits are the last token's and the cache holds
+    ``max_len`` positions, both replicated over the mesh: decoding goes on with ``decode_step`` (on any device).
+    With ``segment_ids`` (packed documents) each row's generation continues its last document."""
+    graphdef, state = nnx.split(model)
+    time = jax.sharding.PartitionSpec(None, axis)
+
+    def local(state, tokens, segment_ids):
+        return nnx.merge(graphdef, state).context_prefill(tokens, segment_ids, max_len, axis)
+
+    @jax.jit
+    def prefill(state, tokens, segment_ids):
+        # check_vma=False: the kernels' scans start from states made inside them (parallel.recurrence)
+        run = jax.shard_map(local, mesh=mesh, in_specs=(jax.sharding.PartitionSpec(), time,
+                                                        None if segment_ids is None else time),
+                            out_specs=jax.sharding.PartitionSpec(), check_vma=False)
+        return run(state, tokens, segment_ids)
+
+    return lambda tokens, segment_ids=None: prefill(state, tokens, segment_ids)

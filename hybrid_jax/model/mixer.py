@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.model.cache import RecurrentCache
-from hybrid_jax.parallel import recurrence
+from hybrid_jax.parallel import recurrence, shards
 
 
 class RecurrentMixer(nnx.Module):
@@ -34,11 +34,28 @@ class RecurrentMixer(nnx.Module):
         """Zero state ``[B, *state_shape]`` float32 and conv tail ``[B, conv_size - 1, C]``; ``max_len`` unused."""
         return RecurrentCache(jnp.zeros((batch, *self.state_shape), jnp.float32), self.conv1d.init_tail(batch))
 
-    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache, start: jax.Array
                ) -> tuple[jax.Array, RecurrentCache]:
-        """Continue from ``cache`` with ``x [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` unused."""
+        """Continue from ``cache`` with ``x [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` and
+        ``start`` (positions, the document's first) unused: the state holds the current document only."""
         y, state, tail = self._mix(x, lambda u: self.conv1d.extend(u, cache.conv, n), cache.state,
                                    valid_steps(n, x.shape[1]))
+        return y, RecurrentCache(state, tail)
+
+    def context_prefill(self, x: jax.Array, segment_ids: jax.Array | None, max_len: int, context: str
+                        ) -> tuple[jax.Array, RecurrentCache]:
+        """This shard's ``x [B,T_local,D] -> (y [B,T_local,D], the cache after the whole sequence)`` inside a
+        ``shard_map`` over ``context``: the final state (the whole sequence's, the same on every shard) and the last
+        shard's last ``conv_size - 1`` conv inputs, those of an earlier document than the last token's set to 0 (as
+        the one-device conv reads them). Decoding then continues the last document. ``max_len`` unused."""
+        def conv(u: jax.Array) -> tuple[jax.Array, jax.Array]:
+            tail = u[:, u.shape[1] - self.conv1d.kernel.shape[0] + 1:]  # [B,K-1,C]
+            if segment_ids is not None:
+                same_doc = segment_ids[:, segment_ids.shape[1] - tail.shape[1]:] == segment_ids[:, -1:]
+                tail = jnp.where(same_doc[..., None], tail, 0).astype(tail.dtype)
+            return self.conv1d(u, segment_ids, context), shards.from_last_shard(tail, context)
+
+        y, state, tail = self._mix(x, conv, segment_ids=segment_ids, context=context)
         return y, RecurrentCache(state, tail)
 
 

@@ -124,6 +124,20 @@ class MLA(nnx.Module):
         every shard forms the whole sequence's keys and values from them, and its queries attend causally over them at
         their global positions (``kernels.attention`` with ``q_offset``: the flash kernel for the Pallas impls, which
         visits only the key blocks up to each query block's last position). No attention map is sown."""
+        return self._context(x, segment_ids, context)[0]
+
+    def context_prefill(self, x: jax.Array, segment_ids: jax.Array | None, max_len: int, context: str
+                        ) -> tuple[jax.Array, MLACache]:
+        """:meth:`context_parallel`, plus the cache after the whole sequence of ``S = n T_local`` tokens: its gathered
+        latents and rope keys at positions ``[0, S)`` of ``max_len`` (the same on every shard)."""
+        y, whole = self._context(x, segment_ids, context)
+        pad = ((0, 0), (0, max_len - whole.shape[1]), (0, 0))
+        dtype = self.kv_layernorm.dtype
+        return y, MLACache(jnp.pad(whole[..., : self.kv_lora_rank], pad).astype(dtype),
+                           jnp.pad(whole[..., self.kv_lora_rank :], pad).astype(dtype))
+
+    def _context(self, x: jax.Array, segment_ids: jax.Array | None, context: str) -> tuple[jax.Array, jax.Array]:
+        """``(y [B,T_local,D], the gathered [normed latent | rotated rope key] [B,S,kv_lora_rank+dr])``."""
         B, T, _ = x.shape
         H, r, inv_freq = self.num_heads, self.kv_lora_rank, np.asarray(self.inv_freq)
         whole_ids = None if segment_ids is None else shards.gather_time(segment_ids, context)  # [B,S]
@@ -143,7 +157,7 @@ class MLA(nnx.Module):
         k = jnp.concatenate([kv[..., : self.nope], k_rope], axis=-1)
         o = kernels.attention(q, k, kv[..., self.nope :], causal=True, scale=self.softmax_scale, impl=self.kernel_impl,
                               segment_ids=whole_ids, q_offset=shards.shard_index(context) * T)
-        return self.linear_proj(o.reshape(B, T, H * self.v_dim))
+        return self.linear_proj(o.reshape(B, T, H * self.v_dim)), whole
 
     def init_cache(self, batch: int, max_len: int) -> MLACache:
         """Zero latent ``[B,S,kv_lora_rank]`` and rope key ``[B,S,qk_rope_head_dim]`` for ``S = max_len``."""
@@ -151,8 +165,11 @@ class MLA(nnx.Module):
         return MLACache(jnp.zeros((batch, max_len, self.kv_lora_rank), dtype),
                         jnp.zeros((batch, max_len, self.rope), dtype))
 
-    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: MLACache) -> tuple[jax.Array, MLACache]:
-        """Attend from ``x [B,T,D]`` at positions ``pos[b] + t`` over the cache, absorbed-projection form.
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: MLACache, start: jax.Array
+               ) -> tuple[jax.Array, MLACache]:
+        """Attend from ``x [B,T,D]`` at positions ``pos[b] + t`` over the cache's positions ``[start[b], pos[b] + t]``
+        (``start [B]``: the current document's first position; RoPE counts from it with ``model.reset_positions``),
+        absorbed-projection form.
 
         The new latents and rope keys are written at those positions first (pad steps beyond ``n`` too: later
         tokens overwrite them before any query can see them). ``k_nope`` is folded into the query and ``v`` into the
@@ -163,12 +180,13 @@ class MLA(nnx.Module):
         B, T, _ = x.shape
         H, r, inv_freq = self.num_heads, self.kv_lora_rank, np.asarray(self.inv_freq)
         positions = pos[:, None] + jnp.arange(T)[None, :]  # [B,T]
+        rope_positions = positions - start[:, None] if self.reset_positions else positions
         q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x))).reshape(B, T, H, -1)
         q_nope = q[..., : self.nope].astype(jnp.float32)
-        q_rope = apply_rope(q[..., self.nope :], inv_freq, self.rope_magnitude, positions).astype(jnp.float32)
+        q_rope = apply_rope(q[..., self.nope :], inv_freq, self.rope_magnitude, rope_positions).astype(jnp.float32)
         latent_rope = self.linear_kv_down_proj(x)
         latent = self.kv_layernorm(latent_rope[..., :r])
-        k_rope = apply_rope(latent_rope[:, :, None, r:], inv_freq, self.rope_magnitude, positions)[:, :, 0]
+        k_rope = apply_rope(latent_rope[:, :, None, r:], inv_freq, self.rope_magnitude, rope_positions)[:, :, 0]
         rows = jnp.arange(B)[:, None]
         cache = MLACache(cache.latent.at[rows, positions].set(latent.astype(cache.latent.dtype)),
                          cache.k_rope.at[rows, positions].set(k_rope.astype(cache.k_rope.dtype)))
@@ -176,7 +194,8 @@ class MLA(nnx.Module):
         c, kr = cache.latent.astype(jnp.float32), cache.k_rope.astype(jnp.float32)
         q_latent = jnp.einsum("bthn,rhn->bthr", q_nope, w[..., : self.nope])
         scores = (jnp.einsum("bthr,bsr->bhts", q_latent, c) + jnp.einsum("bthd,bsd->bhts", q_rope, kr))
-        visible = jnp.arange(c.shape[1])[None, None, :] <= positions[:, :, None]  # [B,T,S]
+        keys = jnp.arange(c.shape[1])[None, None, :]
+        visible = (keys <= positions[:, :, None]) & (keys >= start[:, None, None])  # [B,T,S]
         p = jax.nn.softmax(jnp.where(visible[:, None], scores * self.softmax_scale, -jnp.inf), axis=-1)
         o = jnp.einsum("bthr,rhv->bthv", jnp.einsum("bhts,bsr->bthr", p, c), w[..., self.nope :])
         return self.linear_proj(o.reshape(B, T, H * self.v_dim).astype(x.dtype)), cache

@@ -12,7 +12,8 @@ Each sublayer sows its output (the residual stream after it) as ``output``; mixe
 mixer). Capture them with ``out, intermediates = nnx.capture(model, nnx.Intermediate)(tokens)``; outside a capture
 sowing is a no-op.
 Decoding: ``init_cache(batch, max_len)``, ``prefill(tokens, lengths, cache)`` and ``decode_step(token, cache)`` (see
-``hybrid_jax.model.cache``; ``compile_decoder`` jits them).
+``hybrid_jax.model.cache``; ``compile_decoder`` jits them); ``context_prefill`` fills the cache from a prompt split over
+a context mesh axis (``compile_context_prefill``).
 ``model.remat``: ``"none"``, ``"mixer"`` (all but the MLPs) or ``"full"`` (every sublayer), via ``nnx.remat``.
 """
 
@@ -30,6 +31,7 @@ from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, lookup, normal_init, s
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA
 from hybrid_jax.model.plan import layer_plan, sublayer_kinds
+from hybrid_jax.parallel import shards
 
 SUBLAYERS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
 # Attribute (and so parameter-path) name of the inner block, as Megatron names it.
@@ -68,11 +70,21 @@ class Sublayer(nnx.Module):
         """The block's decoding cache (``None`` for an MLP)."""
         return None if self.kind == "mlp" else self.block.init_cache(batch, max_len)
 
-    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache | MLACache | None
-               ) -> tuple[jax.Array, RecurrentCache | MLACache | None]:
-        """``x [B,T,D]`` continuing from ``cache`` at positions ``pos[b] + t``, first ``n[b]`` steps real."""
+    def extend(self, x: jax.Array, n: jax.Array, pos: jax.Array, cache: RecurrentCache | MLACache | None,
+               start: jax.Array) -> tuple[jax.Array, RecurrentCache | MLACache | None]:
+        """``x [B,T,D]`` continuing from ``cache`` at positions ``pos[b] + t``, first ``n[b]`` steps real, in the
+        document that starts at position ``start[b]``."""
         h = self.norm(x)
-        y, cache = (self.block(h), None) if self.kind == "mlp" else self.block.extend(h, n, pos, cache)
+        y, cache = (self.block(h), None) if self.kind == "mlp" else self.block.extend(h, n, pos, cache, start)
+        return x + y.astype(x.dtype), cache
+
+    def context_prefill(self, x: jax.Array, segment_ids: jax.Array | None, max_len: int, context: str
+                        ) -> tuple[jax.Array, RecurrentCache | MLACache | None]:
+        """This shard's ``x [B,T_local,D]`` (inside a ``shard_map`` over ``context``) -> ``(output, the block's cache
+        after the whole sequence, the same on every shard)``."""
+        h = self.norm(x)
+        y, cache = ((self.block(h), None) if self.kind == "mlp"
+                    else self.block.context_prefill(h, segment_ids, max_len, context))
         return x + y.astype(x.dtype), cache
 
 
@@ -158,7 +170,8 @@ class HybridLM(nnx.Module):
     # ----------------------------------------------------------------------------------------- decoding
     def init_cache(self, batch: int, max_len: int) -> Cache:
         """An empty :class:`Cache` for ``batch`` sequences of up to ``max_len`` tokens (prompt + generated)."""
-        return Cache(tuple(layer.init_cache(batch, max_len) for layer in self.layers), jnp.zeros((batch,), jnp.int32))
+        zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731  two buffers: decoding donates each
+        return Cache(tuple(layer.init_cache(batch, max_len) for layer in self.layers), zeros(), zeros())
 
     def extend(self, tokens: jax.Array, n: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
         """Feed ``tokens int32 [B,T]`` (row ``b``: ``n[b]`` real tokens, then right padding) after ``cache``.
@@ -168,10 +181,11 @@ class HybridLM(nnx.Module):
         h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
         layers = []
         for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
-            h, layer_cache = layer.extend(h, n, cache.lengths, layer_cache)
+            h, layer_cache = layer.extend(h, n, cache.lengths, layer_cache, cache.starts)
             layers.append(layer_cache)
         last = jnp.take_along_axis(h, (n - 1)[:, None, None], axis=1)[:, 0]
-        return tied_logits(self.final_norm(last), self.output_embedding), Cache(tuple(layers), cache.lengths + n)
+        logits = tied_logits(self.final_norm(last), self.output_embedding)
+        return logits, Cache(tuple(layers), cache.lengths + n, cache.starts)
 
     def prefill(self, tokens: jax.Array, lengths: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
         """Prompts ``tokens [B,T]`` right-padded, ``lengths [B] >= 1`` -> (last-token logits ``[B,V]``, cache)."""
@@ -180,3 +194,24 @@ class HybridLM(nnx.Module):
     def decode_step(self, token: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
         """One token per sequence ``token int32 [B]`` -> (its logits ``[B,V]``, the cache one token longer)."""
         return self.extend(token[:, None], jnp.ones_like(cache.lengths), cache)
+
+    def context_prefill(self, tokens: jax.Array, segment_ids: jax.Array | None, max_len: int, context: str
+                        ) -> tuple[jax.Array, Cache]:
+        """Prefill inside a ``shard_map`` over the mesh axis ``context``: this shard's ``tokens [B,T_local]`` (and
+        ``segment_ids``) of prompts of ``S = n T_local`` real tokens -> (the last token's logits ``[B,V]`` float32, the
+        cache of ``max_len`` positions after them), both the same on every shard (``compile_context_prefill``).
+        The sublayers run as in :meth:`features` and return their caches: the recurrent mixers' final states (the
+        last shard's) and conv tails, MLA's gathered latents. With packed documents the cache continues each row's
+        last one (``Cache.starts``)."""
+        h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
+        layers = []
+        for layer in self.layers:
+            h, layer_cache = layer.context_prefill(h, segment_ids, max_len, context)
+            layers.append(layer_cache)
+        logits = shards.from_last_shard(tied_logits(self.final_norm(h[:, -1]), self.output_embedding), context)
+        B, S = tokens.shape[0], tokens.shape[1] * shards.shard_count(context)
+        starts = jnp.zeros((B,), jnp.int32)
+        if segment_ids is not None:  # the first position of the last token's document
+            whole = shards.gather_time(segment_ids, context)
+            starts = jnp.argmax(whole == whole[:, -1:], axis=1).astype(jnp.int32)
+        return logits, Cache(tuple(layers), jnp.full((B,), S, jnp.int32), starts)

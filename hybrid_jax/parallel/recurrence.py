@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from hybrid_jax import kernels
 from hybrid_jax.kernels.api import Impl
 from hybrid_jax.kernels.reference import expand_heads
-from hybrid_jax.parallel.shards import previous_tail, shard_count, shard_index
+from hybrid_jax.parallel.shards import previous_tail, shard_index
 
 F32 = jnp.float32
 
@@ -52,33 +52,43 @@ def _continues(segment_ids: jax.Array | None, batch: int, axis: str) -> jax.Arra
 
 def _start_states(transition: jax.Array, local: jax.Array, keep: jax.Array, initial_state: jax.Array | None,
                   axis: str) -> tuple[jax.Array, jax.Array]:
-    """The exclusive prefix over the shards of ``S -> M S + S_local``.
+    """The exclusive prefix over the shards of ``S -> M S + S_local``: all-gathers this shard's ``transition`` (``M``,
+    ``[B, HV, K, K]`` or ``[B, HV]``), ``local`` (``S_local [B, HV, K, V]``) and ``keep`` (``[B]``), then
+    :func:`shard_prefix`."""
+    gathered = (jax.lax.all_gather(transition.astype(F32), axis), jax.lax.all_gather(local, axis),
+                jax.lax.all_gather(keep, axis))
+    return shard_prefix(*gathered, initial_state, shard_index(axis))
+
+
+def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array, initial_state: jax.Array | None,
+                 index: int | jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The exclusive prefix of ``S -> M_i S + S_local(i)`` over the ``n`` gathered pairs, the same on every shard.
 
     Args:
-      transition: ``M``, ``[B, HV, K, K]`` (``S_out = M @ S_in``) or ``[B, HV]`` (a scalar per head).
-      local: ``S_local [B, HV, K, V]`` float32, the shard's final state from a zero start.
-      keep: ``[B]`` bool, the shard's first token continues the previous shard's document (else it starts at 0).
+      transitions: ``M`` of every shard, ``[n, B, HV, K, K]`` (``S_out = M @ S_in``) or ``[n, B, HV]`` (a scalar per
+        head), float32.
+      locals_: ``S_local [n, B, HV, K, V]`` float32, each shard's final state from a zero start.
+      keeps: ``[n, B]`` bool, shard ``i``'s first token continues shard ``i - 1``'s document (else it starts at 0).
       initial_state: ``[B, HV, K, V]``, shard 0's start state (``None``: zeros).
-    Returns ``(this shard's start state, the last shard's final state)``, both ``[B, HV, K, V]`` float32.
+      index: the shard whose start state is returned.
+    Returns ``(shard index's start state, the last shard's final state)``, both ``[B, HV, K, V]`` float32.
     """
-    transitions = jax.lax.all_gather(transition.astype(F32), axis)  # [n, ...]
-    locals_ = jax.lax.all_gather(local, axis)
-    keeps = jax.lax.all_gather(keep, axis)  # [n, B]
-    state = jnp.zeros_like(local) if initial_state is None else initial_state.astype(F32)
+    state = jnp.zeros_like(locals_[0]) if initial_state is None else initial_state.astype(F32)
     starts = []
-    for i in range(shard_count(axis)):
+    for i in range(transitions.shape[0]):
         if i:
             state = jnp.where(keeps[i][:, None, None, None], state, 0.0)
         starts.append(state)
         m = transitions[i]
         carried = jnp.einsum("bhij,bhjv->bhiv", m, state) if m.ndim == 4 else m[..., None, None] * state
         state = carried + locals_[i]
-    return jnp.stack(starts)[shard_index(axis)], state
+    return jnp.stack(starts)[index], state
 
 
-def _delta_rule(kernel, q, k, v, g, beta, *, axis: str, scale, initial_state, output_final_state: bool,
-                use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids):
-    """GDN or KDA (``kernel``) on this shard's part; see the module docstring."""
+def widened_delta_rule(kernel, q, k, v, g, beta, *, scale, use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids
+                       ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Step 1 of the delta rule on a shard: ``kernel`` (GDN's or KDA's) once on ``[v | 0]`` from ``[0 | I]``.
+    Returns ``(o_local [B,T,HV,V], q_through = scale M_t^T q_t [B,T,HV,K], M [B,HV,K,K], S_local [B,HV,K,V])``."""
     B, _, HV, V = v.shape
     K = q.shape[-1]
     ext_v = jnp.concatenate([v, jnp.zeros((*v.shape[:3], K), v.dtype)], axis=-1)  # [B,T,HV,V+K]
@@ -86,11 +96,23 @@ def _delta_rule(kernel, q, k, v, g, beta, *, axis: str, scale, initial_state, ou
     ext_h0 = jnp.concatenate([jnp.zeros((B, HV, K, V), F32), eye], axis=-1)  # [B,HV,K,V+K]
     o_ext, h_ext = kernel(q, k, ext_v, g, beta, scale=scale, initial_state=ext_h0, output_final_state=True,
                           use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
-    o_local, q_through = o_ext[..., :V], o_ext[..., V:]  # q_through [B,T,HV,K] = scale M_t^T q_t
-    start, final = _start_states(h_ext[..., V:], h_ext[..., :V], _continues(segment_ids, B, axis), initial_state,
-                                 axis)
+    return o_ext[..., :V], o_ext[..., V:], h_ext[..., V:], h_ext[..., :V]
+
+
+def complete_delta_rule(o_local: jax.Array, q_through: jax.Array, start: jax.Array) -> jax.Array:
+    """Step 3: ``o = o_local + (scale M_t^T q_t) S_in`` (``start = S_in [B,HV,K,V]``) in ``o_local``'s dtype."""
     o = o_local.astype(F32) + jnp.einsum("bthk,bhkv->bthv", q_through.astype(F32), start)
-    return o.astype(v.dtype), (final if output_final_state else None)
+    return o.astype(o_local.dtype)
+
+
+def _delta_rule(kernel, q, k, v, g, beta, *, axis: str, scale, initial_state, output_final_state: bool,
+                use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids):
+    """GDN or KDA (``kernel``) on this shard's part; see the module docstring."""
+    o_local, q_through, transition, local = widened_delta_rule(
+        kernel, q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl,
+        segment_ids=segment_ids)
+    start, final = _start_states(transition, local, _continues(segment_ids, v.shape[0], axis), initial_state, axis)
+    return complete_delta_rule(o_local, q_through, start), (final if output_final_state else None)
 
 
 def chunk_gated_delta_rule(
@@ -129,17 +151,31 @@ def chunk_simple_gla(
     """:func:`hybrid_jax.kernels.chunk_simple_gla` (Mamba2's SSD) on this shard of ``axis``; as
     :func:`chunk_gated_delta_rule`. The transition is the scalar ``exp(G_t)`` per head (``G`` the cumulative log
     decay from the shard's start), kept only on the shard's first document's tokens."""
-    B, T, H, K = q.shape
-    HV = v.shape[2]
-    scale = K**-0.5 if scale is None else scale
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o_local, h_local, decay = local_simple_gla(q, k, v, g, scale=scale, chunk_size=chunk_size, impl=impl,
+                                               segment_ids=segment_ids)
+    start, final = _start_states(decay[:, -1], h_local, _continues(segment_ids, q.shape[0], axis), initial_state,
+                                 axis)
+    return complete_simple_gla(o_local, q, decay, start, scale), (final if output_final_state else None)
+
+
+def local_simple_gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *, scale: float, chunk_size, impl: Impl,
+                     segment_ids: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Step 1 of GLA on a shard: the kernel from a zero state and the transition ``exp(G_t)`` per token and head.
+    Returns ``(o_local [B,T,HV,V], S_local [B,HV,K,V] float32, decay [B,T,HV] float32)``."""
     o_local, h_local = kernels.chunk_simple_gla(q, k, v, g, scale=scale, output_final_state=True,
                                                 chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
     log_decay = jnp.cumsum(g.astype(F32), axis=1)  # [B,T,HV]
     if segment_ids is not None:  # mask before exp: tokens after the shard's first document see no start state
         first_doc = (segment_ids == segment_ids[:, :1])[:, :, None]
         log_decay = jnp.where(first_doc, log_decay, -jnp.inf)
-    decay = jnp.exp(log_decay)
-    start, final = _start_states(decay[:, -1], h_local, _continues(segment_ids, B, axis), initial_state, axis)
-    q_heads = expand_heads(q.astype(F32), HV)
+    return o_local, h_local, jnp.exp(log_decay)
+
+
+def complete_simple_gla(o_local: jax.Array, q: jax.Array, decay: jax.Array, start: jax.Array, scale: float
+                        ) -> jax.Array:
+    """Step 3 of GLA: ``o = o_local + scale exp(G_t) q_t^T S_in`` (``q [B,T,H,K]``, grouped over the ``HV`` value
+    heads; ``start = S_in [B,HV,K,V]``) in ``o_local``'s dtype."""
+    q_heads = expand_heads(q.astype(F32), o_local.shape[2])
     o = o_local.astype(F32) + scale * decay[..., None] * jnp.einsum("bthk,bhkv->bthv", q_heads, start)
-    return o.astype(v.dtype), (final if output_final_state else None)
+    return o.astype(o_local.dtype)

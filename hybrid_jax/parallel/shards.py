@@ -42,3 +42,8 @@ def gather_time(x: jax.Array, axis: str) -> jax.Array:
 def local_part(x: jax.Array, local_steps: int, axis: str) -> jax.Array:
     """This shard's ``[B, T_local, ...]`` part of a whole-sequence ``x [B, T, ...]``."""
     return jax.lax.dynamic_slice_in_dim(x, shard_index(axis) * local_steps, local_steps, axis=1)
+
+
+def from_last_shard(x: jax.Array, axis: str) -> jax.Array:
+    """The last shard's ``x`` (any shape) on every shard of ``axis`` (one ``psum``, the other shards adding zeros)."""
+    return jax.lax.psum(jnp.where(shard_index(axis) == shard_count(axis) - 1, x, jnp.zeros_like(x)), axis)

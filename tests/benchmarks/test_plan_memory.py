@@ -15,3 +15,11 @@ def test_plan_memory_with_a_context_axis(tmp_path, capsys):
     assert figures["mesh"] == {"data": 2, "fsdp": 1, "context": 4} and figures["devices"] == 8
     assert figures["global_batch_size"] == 2 * figures["micro_batch_size"]
     assert figures["compiled"]["peak_gib"] > 0
+
+
+def test_mock_gpus_and_cpu_exclude_each_other(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        plan_memory.main(["--config", str(REPO / "configs" / "demo.py"), "--context", "4", "--cpu", "--mock-gpus"])
+    assert "--cpu and --mock-gpus exclude each other" in capsys.readouterr().err

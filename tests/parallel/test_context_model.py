@@ -51,12 +51,17 @@ def batch(vocab: int) -> Batch:
 _CACHE: dict = {}
 
 
+def tiny_params() -> dict:
+    """The parameters of :func:`tiny_config`'s model, seed 0 (made once per process: an eager init takes seconds)."""
+    if "params" not in _CACHE:
+        _CACHE["params"] = nnx.to_pure_dict(nnx.split(HybridLM(tiny_config().model, rngs=nnx.Rngs(0)), nnx.Param)[1])
+    return _CACHE["params"]
+
+
 def loss_and_grads(cfg, b: Batch, mesh: Mesh | None):
     """The loss and parameter gradients of ``batch_loss`` on ``b``, under ``mesh`` when given (the parameters of
     seed 0, whatever ``cfg.model.remat``)."""
-    if "params" not in _CACHE:
-        _CACHE["params"] = nnx.to_pure_dict(nnx.split(HybridLM(cfg.model, rngs=nnx.Rngs(0)), nnx.Param)[1])
-    params = _CACHE["params"]
+    params = tiny_params()
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg.model, rngs=nnx.Rngs(0))), nnx.Param)
     step = jax.jit(jax.value_and_grad(lambda p, b: batch_loss(p, graphdef, b, chunk_size=24)))
     if mesh is None:
