@@ -123,7 +123,8 @@ class MLA(nnx.Module):
         the normed latent and the rotated rope key (``kv_lora_rank + qk_rope_head_dim`` per token) are all-gathered,
         every shard forms the whole sequence's keys and values from them, and its queries attend causally over them at
         their global positions (``kernels.attention`` with ``q_offset``: the flash kernel for the Pallas impls, which
-        visits only the key blocks up to each query block's last position). No attention map is sown."""
+        visits only the key blocks up to each query block's last position), the causal work balanced over the shards
+        (:meth:`_context`). No attention map is sown."""
         return self._context(x, segment_ids, context)[0]
 
     def context_prefill(self, x: jax.Array, segment_ids: jax.Array | None, max_len: int, context: str
@@ -137,16 +138,21 @@ class MLA(nnx.Module):
                            jnp.pad(whole[..., self.kv_lora_rank :], pad).astype(dtype))
 
     def _context(self, x: jax.Array, segment_ids: jax.Array | None, context: str) -> tuple[jax.Array, jax.Array]:
-        """``(y [B,T_local,D], the gathered [normed latent | rotated rope key] [B,S,kv_lora_rank+dr])``."""
+        """``(y [B,T_local,D], the gathered [normed latent | rotated rope key] [B,S,kv_lora_rank+dr])``.
+
+        The causal work is balanced over the shards: shard ``i`` of ``n`` attends from the first half of its own
+        tokens and from the second half of shard ``n-1-i``'s (whose inputs and positions it receives, and to which it
+        sends the outputs back: two ``ppermute`` of ``[B,T_local/2,D]``), so every shard's queries see about
+        ``n T_local / 2`` keys on average instead of ``(i + 1/2) T_local`` (the last shard twice the mean)."""
         B, T, _ = x.shape
+        if T % 2:
+            raise ValueError(f"context parallel MLA: a shard of {T} tokens, an odd number; it needs halves (make the "
+                             "sequence length over the context size even)")
         H, r, inv_freq = self.num_heads, self.kv_lora_rank, np.asarray(self.inv_freq)
         whole_ids = None if segment_ids is None else shards.gather_time(segment_ids, context)  # [B,S]
-        rope_positions = shards.global_positions(T, context)[None]
+        rope_positions = jnp.broadcast_to(shards.global_positions(T, context)[None], (B, T))
         if segment_ids is not None and self.reset_positions:
             rope_positions = shards.local_part(document_positions(whole_ids), T, context)
-        q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x))).reshape(B, T, H, -1)
-        q_rope = apply_rope(q[..., self.nope :], inv_freq, self.rope_magnitude, rope_positions)
-        q = jnp.concatenate([q[..., : self.nope], q_rope], axis=-1)
         latent_rope = self.linear_kv_down_proj(x)
         latent = self.kv_layernorm(latent_rope[..., :r])
         k_rope = apply_rope(latent_rope[:, :, None, r:], inv_freq, self.rope_magnitude, rope_positions)[:, :, 0]
@@ -154,10 +160,23 @@ class MLA(nnx.Module):
         S = whole.shape[1]
         kv = self.linear_kv_up_proj(whole[..., :r]).reshape(B, S, H, -1)
         k_rope = jnp.broadcast_to(whole[:, :, None, r:].astype(kv.dtype), (B, S, H, self.rope))
-        k = jnp.concatenate([kv[..., : self.nope], k_rope], axis=-1)
-        o = kernels.attention(q, k, kv[..., self.nope :], causal=True, scale=self.softmax_scale, impl=self.kernel_impl,
-                              segment_ids=whole_ids, q_offset=shards.shard_index(context) * T)
-        return self.linear_proj(o.reshape(B, T, H * self.v_dim)), whole
+        k, v = jnp.concatenate([kv[..., : self.nope], k_rope], axis=-1), kv[..., self.nope :]
+
+        def attend(x_part: jax.Array, positions: jax.Array, offset: jax.Array) -> jax.Array:
+            """``x_part [B,t,D]`` at rope ``positions [B,t]``, the tokens from ``offset`` on -> ``[B,t,D]``."""
+            q = self.linear_q_up_proj(self.q_layernorm(self.linear_q_down_proj(x_part)))
+            q = q.reshape(*x_part.shape[:2], H, -1)
+            q_rope = apply_rope(q[..., self.nope :], inv_freq, self.rope_magnitude, positions)
+            q = jnp.concatenate([q[..., : self.nope], q_rope], axis=-1)
+            o = kernels.attention(q, k, v, causal=True, scale=self.softmax_scale, impl=self.kernel_impl,
+                                  segment_ids=whole_ids, q_offset=offset)
+            return self.linear_proj(o.reshape(*x_part.shape[:2], -1))
+
+        i, n, half = shards.shard_index(context), shards.shard_count(context), T // 2
+        own = attend(x[:, :half], rope_positions[:, :half], i * T)
+        x_mirror, positions_mirror = shards.swap_mirror((x[:, half:], rope_positions[:, half:]), context)
+        mirror = attend(x_mirror, positions_mirror, (n - 1 - i) * T + half)
+        return jnp.concatenate([own, shards.swap_mirror(mirror, context)], axis=1), whole
 
     def init_cache(self, batch: int, max_len: int) -> MLACache:
         """Zero latent ``[B,S,kv_lora_rank]`` and rope key ``[B,S,qk_rope_head_dim]`` for ``S = max_len``."""

@@ -4,6 +4,8 @@ of ``[B, T, ...]`` arrays) split over it; shard ``i`` of ``n`` holds tokens ``[i
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -42,6 +44,13 @@ def gather_time(x: jax.Array, axis: str) -> jax.Array:
 def local_part(x: jax.Array, local_steps: int, axis: str) -> jax.Array:
     """This shard's ``[B, T_local, ...]`` part of a whole-sequence ``x [B, T, ...]``."""
     return jax.lax.dynamic_slice_in_dim(x, shard_index(axis) * local_steps, local_steps, axis=1)
+
+
+def swap_mirror(x: Any, axis: str) -> Any:
+    """Shard ``n-1-i``'s ``x`` (any pytree) on shard ``i`` (one ``ppermute`` per leaf; the middle shard of an odd
+    ``n`` keeps its own). Its own inverse: what a shard computed for its mirror goes back with it."""
+    count = shard_count(axis)
+    return jax.tree.map(lambda a: jax.lax.ppermute(a, axis, [(j, count - 1 - j) for j in range(count)]), x)
 
 
 def from_last_shard(x: jax.Array, axis: str) -> jax.Array:

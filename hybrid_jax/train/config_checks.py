@@ -126,7 +126,8 @@ def _check_run_extras(t: ConfigDict) -> None:
 
 
 def _check_context(config: ConfigDict) -> None:
-    """``mesh.context`` splits each sequence in equal shards, each at least as long as the short convs' halo."""
+    """``mesh.context`` splits each sequence in equal shards, each at least as long as the short convs' halo (and of
+    an even length with MLA, which trades the second halves of the shards)."""
     n, T = config.mesh.get("context", 1), config.train.seq_len
     if n == 1:
         return
@@ -138,6 +139,10 @@ def _check_context(config: ConfigDict) -> None:
     if T // n < halo:
         raise ConfigError(f"mesh.context={n} cuts train.seq_len={T} into parts of {T // n} tokens, fewer than the "
                           f"{halo} the short convs read from the part before; use a smaller mesh.context")
+    if "mla" in kinds and (T // n) % 2:
+        raise ConfigError(f"mesh.context={n} cuts train.seq_len={T} into parts of {T // n} tokens, an odd number: MLA "
+                          "balances its causal work over the devices by halves of each part; make seq_len / "
+                          "mesh.context even")
 
 
 def check_config(config: ConfigDict, batch_shards: int) -> int:

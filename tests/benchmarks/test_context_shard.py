@@ -22,7 +22,7 @@ def test_context_shard_record_at_tiny_shapes(tmp_path):
     assert gla["within_goal"] == (max(gla["ratio_fwd"], gla["ratio_fwdbwd"]) <= 1.25)
     mla = results["attention (zebra_1b_kda_hybrid_64k)"]
     assert mla["keys"] == 64 and len(mla["shard_fwd_ms"]) == len(mla["shard_fwdbwd_ms"]) == 2
-    assert mla["ratio_last_fwdbwd"] == pytest.approx(mla["shard_fwdbwd_ms"][-1] / mla["plain_fwdbwd_ms"])
+    assert mla["ratio_max_fwdbwd"] == pytest.approx(max(mla["shard_fwdbwd_ms"]) / mla["plain_fwdbwd_ms"])
     assert min(mla["shard_fwd_ms"] + mla["shard_fwdbwd_ms"] + [gla["plain_fwd_ms"], gla["shard_fwdbwd_ms"]]) > 0
 
 

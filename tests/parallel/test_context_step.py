@@ -41,3 +41,6 @@ def test_mesh_context_axis_and_its_checks():
     config.mesh.context = 16  # parts of 2 tokens, GDN's conv reads 3 before each
     with pytest.raises(ConfigError, match="parts of 2 tokens, fewer than the 3"):
         check_config(config, 2)
+    config.mesh.context, config.train.seq_len = 4, 36  # parts of 9 tokens: MLA trades half parts
+    with pytest.raises(ConfigError, match="parts of 9 tokens, an odd number: MLA balances"):
+        check_config(config, 2)
