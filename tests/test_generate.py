@@ -1,4 +1,4 @@
-"""``python -m hybrid_jax.generate``: a demo run trained a few steps, sampled from, checked (and its HF export)."""
+"""``python -m hybrid_jax.generate``: a demo checkpoint sampled from, checked (and its HF export)."""
 
 import io
 import math
@@ -14,19 +14,21 @@ from flax import nnx
 from hybrid_jax import generate
 from tests.conftest import load_config
 
-STEPS = 4
-
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """The demo config (every sublayer kind, mock data) trained for a few steps with the real trainer."""
-    from hybrid_jax.train.loop import train
+    """A step-0 workdir of the demo config (every sublayer kind) holding its initial weights, written as an import
+    writes one (``write_workdir``): generation only reads a checkpoint, and training one is tested elsewhere."""
+    from hybrid_jax.model import HybridLM
+    from hybrid_jax.model.params import path_name
+    from hybrid_jax.train.warm_start import write_workdir
 
-    path = tmp_path_factory.mktemp("demo_run")
     config = load_config("demo")
-    config.train.update(dict(steps=STEPS, global_batch_size=16, micro_batch_size=2, seq_len=32, warmup_steps=2,
-                             log_every=2, save_every=STEPS, workdir=str(path)))
-    train(config, log=lambda *_: None)
+    config.train.update(dict(global_batch_size=16, micro_batch_size=2, seq_len=32))
+    model = HybridLM(config.model, rngs=nnx.Rngs(config.train.seed))
+    params = {path_name(p): v[...] for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    path = tmp_path_factory.mktemp("demo_start")
+    write_workdir(config, params, path)
     return path
 
 
