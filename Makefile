@@ -14,7 +14,7 @@ demo: venv
 	$(PY) -m hybrid_jax.train --config configs/demo.py --config.train.workdir=$(WORKDIR)
 
 test: venv
-	$(PY) -m pytest -n 2 -q tests
+	$(PY) -m pytest -n 2 --dist loadscope -q tests
 
 lint: venv
 	$(PY) -m ruff check .
