@@ -13,7 +13,8 @@ abstract=True)``) with the shardings the trainer gives it on a ``data x fsdp x c
 * ``compiled`` (unless ``--no-compile``): the real jitted train step (``make_train_step``, the config's micro
   batch and accumulation) lowered on those abstract arguments and compiled for the mesh's devices, measured by
   the compiler's ``memory_analysis()``: peak = arguments + outputs - aliased (the donated state) + temporaries,
-  per device.
+  per device; ``collectives``: the compiled step's collectives, counted inside loop bodies (per micro-batch) and
+  elsewhere (once per step).
 
 ``--context`` (default: the config's ``mesh.context``) splits each sequence over that many devices more; the batch
 is split over ``data x fsdp`` only. ``--cpu`` compiles for ``data x fsdp x context`` host CPU devices
@@ -34,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -90,17 +92,37 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
     t0 = time.perf_counter()
     lowered = trainer.step.lower(state, batch)
     t1 = time.perf_counter()
-    stats = lowered.compile().memory_analysis()
+    compiled = lowered.compile()
+    stats = compiled.memory_analysis()
     t2 = time.perf_counter()
     peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
             + stats.temp_size_in_bytes)
     out.update(
         compiled=dict(argument_gib=stats.argument_size_in_bytes / GIB, output_gib=stats.output_size_in_bytes / GIB,
                       alias_gib=stats.alias_size_in_bytes / GIB, temp_gib=stats.temp_size_in_bytes / GIB,
-                      peak_gib=peak / GIB),
+                      peak_gib=peak / GIB, collectives=collective_counts(compiled.as_text())),
         lower_s=t1 - t0, compile_s=t2 - t1,
     )
     return out
+
+
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+
+
+def collective_counts(hlo: str) -> dict[str, dict[str, int]]:
+    """``{"in_loops": {op: n}, "elsewhere": {op: n}}``: the collectives of a compiled module's text, those in a while
+    loop's body (run once per iteration: per micro-batch in the accumulation scan) apart from the rest (an async
+    pair counts once, by its start)."""
+    bodies = set(re.findall(r"\bbody=%?([\w.\-]+)", hlo))
+    counts: dict[str, dict[str, int]] = {"in_loops": {}, "elsewhere": {}}
+    for block in re.split(r"\n(?=\S)", hlo):
+        name = re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)", block)
+        where = "in_loops" if name and name.group(1) in bodies else "elsewhere"
+        for op in COLLECTIVES:
+            n = len(re.findall(rf"\s{op}(?:-start)?\(", block))
+            if n:
+                counts[where][op] = counts[where].get(op, 0) + n
+    return counts
 
 
 def summary(result: dict) -> str:

@@ -15,6 +15,27 @@ def test_plan_memory_with_a_context_axis(tmp_path, capsys):
     assert figures["mesh"] == {"data": 2, "fsdp": 1, "context": 4} and figures["devices"] == 8
     assert figures["global_batch_size"] == 2 * figures["micro_batch_size"]
     assert figures["compiled"]["peak_gib"] > 0
+    counted = figures["compiled"]["collectives"]["elsewhere"]  # context halos, the mirror swap, the latent gather
+    assert counted["collective-permute"] > 0 and counted["all-gather"] > 0
+
+
+def test_collectives_in_loop_bodies_are_counted_apart():
+    hlo = """HloModule m
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %ar = f32[4]{0} all-reduce(%x), replica_groups={}, to_apply=%add
+  %ags = (f32[4]{0}, f32[8]{0}) all-gather-start(%x), dimensions={0}
+  %agd = f32[8]{0} all-gather-done(%ags)
+}
+
+ENTRY %main (t: (s32[], f32[4])) -> f32[4] {
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body
+  %rs = f32[2]{0} reduce-scatter(%y), dimensions={0}
+  %cp = f32[4]{0} collective-permute(%y), source_target_pairs={{0,1}}
+}
+"""
+    assert plan_memory.collective_counts(hlo) == {"in_loops": {"all-reduce": 1, "all-gather": 1},
+                                                  "elsewhere": {"reduce-scatter": 1, "collective-permute": 1}}
 
 
 def test_mock_gpus_and_cpu_exclude_each_other(capsys):
