@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> None:
         jax.config.update("jax_cuda_visible_devices", "0")
         jax.config.update("jax_mock_gpu_topology", f"{n}x1x1")
     logging.set_verbosity(logging.WARNING)
+    if args.mock_gpus and jax.devices()[0].platform != "gpu":
+        ap.error(f"--mock-gpus compiles for GPUs and this machine has none ({jax.devices()[0].platform}); use --cpu "
+                 "for a plan compiled for host CPU devices")
     if len(jax.devices()) < n:
         ap.error(f"data {args.data} x fsdp {args.fsdp} x context {context} needs {n} devices, this process sees "
                  f"{len(jax.devices())} (--cpu: host CPU devices)")

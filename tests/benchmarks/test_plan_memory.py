@@ -3,6 +3,8 @@ data x fsdp only, and the step (its context-parallel loss) compiles; the record 
 
 import json
 
+import jax
+
 from benchmarks import plan_memory
 from tests.conftest import REPO
 
@@ -44,3 +46,12 @@ def test_mock_gpus_and_cpu_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         plan_memory.main(["--config", str(REPO / "configs" / "demo.py"), "--context", "4", "--cpu", "--mock-gpus"])
     assert "--cpu and --mock-gpus exclude each other" in capsys.readouterr().err
+    if jax.devices()[0].platform != "gpu":
+        saved = {key: jax.config.values[key] for key in ("jax_cuda_visible_devices", "jax_mock_gpu_topology")}
+        try:
+            with pytest.raises(SystemExit):
+                plan_memory.main(["--config", str(REPO / "configs" / "demo.py"), "--context", "4", "--mock-gpus"])
+        finally:
+            for key, value in saved.items():
+                jax.config.update(key, value)
+        assert "--mock-gpus compiles for GPUs and this machine has none (cpu)" in capsys.readouterr().err
