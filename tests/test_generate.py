@@ -19,16 +19,15 @@ from tests.conftest import load_config
 def workdir(tmp_path_factory):
     """A step-0 workdir of the demo config (every sublayer kind) holding its initial weights, written as an import
     writes one (``write_workdir``): generation only reads a checkpoint, and training one is tested elsewhere."""
+    from hybrid_jax.export.tensors import flat_params
     from hybrid_jax.model import HybridLM
-    from hybrid_jax.model.params import path_name
     from hybrid_jax.train.warm_start import write_workdir
 
     config = load_config("demo")
     config.train.update(dict(global_batch_size=16, micro_batch_size=2, seq_len=32))
     model = HybridLM(config.model, rngs=nnx.Rngs(config.train.seed))
-    params = {path_name(p): v[...] for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     path = tmp_path_factory.mktemp("demo_start")
-    write_workdir(config, params, path)
+    write_workdir(config, flat_params(model), path)
     return path
 
 
