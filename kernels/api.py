@@ -111,9 +111,10 @@ def attention(
     own document's keys; the flash kernel then skips the key blocks wholly before the document.
     """
     from hybrid_jax.kernels.cudnn_attention import auto_impl, cudnn_attention
+    from hybrid_jax.kernels.flash_blocks import has_offset
 
     _check_segments("attention", segment_ids, k.shape)
-    offset = q_offset is not None or q.shape[1] != k.shape[1]
+    offset = has_offset(q_offset, q.shape[1], k.shape[1])
     if impl == "auto" and (impl := auto_impl(q, v, segment_ids, offset=offset)) == "cudnn":
         try:  # cuDNN checks the shape when traced, for training too (e.g. it refuses an odd T there)
             return cudnn_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids)

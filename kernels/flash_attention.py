@@ -38,16 +38,17 @@ from hybrid_jax.kernels.flash_blocks import (
     MASKED,
     Static,
     blocks,
-    document_blocks,
     dot,
-    key_blocks,
+    has_offset,
     launch,
     load_rows,
     optional_refs,
     padded_len,
     positions,
     pow2,
+    query_key_blocks,
     row_block,
+    same_document,
     scores,
     shift,
     store_rows,
@@ -84,7 +85,7 @@ def flash_attention(
         if q.dtype.itemsize >= 4:  # float32 tiles take twice the shared memory
             config = _halve_block_k(config)
     offset = None
-    if Tq != Tk or not (q_offset is None or isinstance(q_offset, int) and q_offset == 0):
+    if has_offset(q_offset, Tq, Tk):
         offset = jnp.asarray(Tk - Tq if q_offset is None else q_offset, jnp.int32)
     static = Static(causal, scale, config, interpret, documents=segment_ids is not None, offset=offset is not None)
     docs = ()
@@ -134,12 +135,12 @@ def _fwd_kernel(q_ref, k_ref, v_ref, *refs, static: Static, q_len: int, k_len: i
     q = load_rows(q_ref, qi * bq, bq, q_len, dqk)
     q_pos = positions(shift(qi * bq, offset), bq, 0)
     score = functools.partial(scores, scale=static.scale, causal=static.causal, k_len=k_len)
-    q_start = None
+    n_full, n_all, q_start = query_key_blocks(static, docs, qi, offset, bq, bk, k_len)
 
     def body(kj, carry, masked: bool):
         acc, m, l = carry
         k = load_rows(k_ref, kj * bk, bk, k_len, dqk)
-        same = None if q_start is None else q_start[:, None] == docs.k_start[pl.ds(kj * bk, bk)][None, :]
+        same = same_document(q_start, docs, kj, bk)
         s = score(q, k, q_pos, positions(kj * bk, bk, 1), masked=masked, same_doc=same)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp2(m - m_new)
@@ -150,11 +151,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, *refs, static: Static, q_len: int, k_len: i
 
     carry = (jnp.zeros((bq, v_ref.shape[-1]), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
              jnp.zeros((bq,), jnp.float32))
-    n_full, n_all = key_blocks(qi, offset, bq, bk, k_len, static.causal)
-    if docs:  # every visited block masked
-        n_full, n_all, q_start = document_blocks(docs.q_start, docs.q_end, qi * bq, bq, bk, pl.cdiv(k_len, bk),
-                                                 n_all if static.causal else None)
-    else:
+    if not docs:  # with documents every visited block is masked
         carry = lax.fori_loop(0, n_full, functools.partial(body, masked=False), carry)
     acc, m, l = lax.fori_loop(n_full, n_all, functools.partial(body, masked=True), carry)
     store_rows(o_ref, qi * bq, acc / l[:, None], q_len, dv)

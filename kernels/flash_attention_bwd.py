@@ -17,14 +17,15 @@ from hybrid_jax.kernels.flash_blocks import (
     blocks,
     document_blocks,
     dot,
-    key_blocks,
     launch,
     load_rows,
     load_stat,
     optional_refs,
     positions,
     query_blocks,
+    query_key_blocks,
     row_block,
+    same_document,
     scores,
     shift,
     store_rows,
@@ -81,16 +82,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, static: S
     delta = load_stat(delta_ref, qi * bq, bq, q_len)[:, None]
     q_pos = positions(shift(qi * bq, offset), bq, 0)
     score = functools.partial(scores, scale=static.scale, causal=static.causal, k_len=k_len)
-    n_full, n_all = key_blocks(qi, offset, bq, bk, k_len, static.causal)
-    q_start = None
-    if docs:  # every visited block masked
-        n_full, n_all, q_start = document_blocks(docs.q_start, docs.q_end, qi * bq, bq, bk, pl.cdiv(k_len, bk),
-                                                 n_all if static.causal else None)
+    n_full, n_all, q_start = query_key_blocks(static, docs, qi, offset, bq, bk, k_len)
 
     def body(kj, dq_acc, masked: bool):
         k = load_rows(k_ref, kj * bk, bk, k_len, dqk)
         v = load_rows(v_ref, kj * bk, bk, k_len, dv)
-        same = None if q_start is None else q_start[:, None] == docs.k_start[pl.ds(kj * bk, bk)][None, :]
+        same = same_document(q_start, docs, kj, bk)
         p = jnp.exp2(score(q, k, q_pos, positions(kj * bk, bk, 1), masked=masked, same_doc=same) - lse)
         ds = p * (dot(do, v.T) - delta)
         return dq_acc + dot(ds.astype(k.dtype), k)

@@ -190,9 +190,31 @@ def document_blocks(start_ref, end_ref, first, rows: int, block: int, n_blocks, 
     if causal_last is not None:
         return lo, causal_last, start
     last = jnp.max(end_ref[pl.ds(first, rows)])
-    # blocks up to the one holding row `last - offset`; none when that row is before the queries' first
-    through = lax.div(last, block) + 1 if offset is None else lax.div(jnp.maximum(last - offset + block, 0), block)
+    last = last if offset is None else last - offset
+    through = lax.div(jnp.maximum(last + block, 0), block)  # up to the block holding row `last`; none before row 0
     return lo, jnp.minimum(through, n_blocks), start
+
+
+def query_key_blocks(static: Static, docs, qi, offset: jax.Array | None, bq: int, bk: int, k_len: int):
+    """``(n_full, n_all, q_start)`` of query block ``qi`` (forward and dQ kernels): key blocks ``[0, n_full)`` unmasked,
+    ``[n_full, n_all)`` masked (with documents every visited block is masked: ``n_full`` is their first), and the
+    rows' document starts ``[bq]`` (None without documents)."""
+    n_full, n_all = key_blocks(qi, offset, bq, bk, k_len, static.causal)
+    if not docs:
+        return n_full, n_all, None
+    return document_blocks(docs.q_start, docs.q_end, qi * bq, bq, bk, pl.cdiv(k_len, bk),
+                           n_all if static.causal else None)
+
+
+def same_document(q_start: jax.Array | None, docs, kj, bk: int) -> jax.Array | None:
+    """``[bq, bk]`` bool: each query row's document is each key's of key block ``kj`` (None without documents)."""
+    return None if q_start is None else q_start[:, None] == docs.k_start[pl.ds(kj * bk, bk)][None, :]
+
+
+def has_offset(q_offset: int | jax.Array | None, q_len: int, k_len: int) -> bool:
+    """Whether queries sit at an offset in the keys' sequence other than self-attention's 0 (``None``: ``k_len -
+    q_len``; a traced offset counts as one)."""
+    return q_len != k_len or not (q_offset is None or isinstance(q_offset, int) and q_offset == 0)
 
 
 def row_block(causal: bool):

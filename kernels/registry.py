@@ -85,12 +85,12 @@ def _pallas(q, k, v, g, beta, *, scale, initial_state, use_qk_l2norm, chunk_size
                             chunk_size=chunk_size, interpret=interpret, segment_ids=segment_ids)
 
 
-def _attention_naive(q, k, v, *, causal, scale, segment_ids, q_offset=None):
+def _attention_naive(q, k, v, *, causal, scale, segment_ids, q_offset):
     """The plain float32 softmax."""
     return reference.naive_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids, q_offset=q_offset)
 
 
-def _flash(q, k, v, *, causal, scale, segment_ids, interpret, q_offset=None):
+def _flash(q, k, v, *, causal, scale, segment_ids, interpret, q_offset):
     """The Pallas flash kernel."""
     return flash_attention(q, k, v, causal=causal, scale=scale, interpret=interpret, segment_ids=segment_ids,
                            q_offset=q_offset)
