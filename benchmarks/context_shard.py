@@ -38,6 +38,8 @@ import jax.numpy as jnp
 from benchmarks import record
 from benchmarks.configs import CONFIG_DIR, load
 from hybrid_jax import kernels
+from hybrid_jax.kernels.registry import OPS
+from hybrid_jax.kernels.tooling.calls import call
 from hybrid_jax.kernels.tooling.inputs import inputs
 from hybrid_jax.kernels.tooling.problems import Problem
 from hybrid_jax.kernels.tooling.timing import median_ms
@@ -46,7 +48,6 @@ from hybrid_jax.parallel import recurrence
 
 GOAL = 1.25  # shard / plain time, per recurrence
 F32 = jnp.float32
-KERNELS = {"gdn": kernels.chunk_gated_delta_rule, "kda": kernels.chunk_kda}
 # (config, the kernel ops taken from it): KDA and MLA from the long-context recipe, GDN and GLA from their 1B recipes
 SOURCES = (("zebra_1b_kda_hybrid_64k", ("kda", "attention")), ("zebra_1b_gdn_hybrid", ("gdn",)),
            ("zebra_1b_mamba2_hybrid", ("gla",)))
@@ -68,34 +69,20 @@ def problems(seq: int, shards: int, smoke: bool = False) -> list[Problem]:
     return out
 
 
-def _recurrent_args(p: Problem) -> dict:
-    """bf16 inputs of the model's law and the kernel options a mixer passes."""
-    return dict(scale=p.scale, chunk_size=p.chunk or None, **(dict(use_qk_l2norm=True) if p.delta else {}))
-
-
-def plain_fn(p: Problem, impl: str):
-    """``x -> o``: the kernel on the shard's tokens as a mixer calls it without context."""
-    def fn(x: dict) -> jax.Array:
-        gates = (x["g"], x["beta"]) if p.delta else (x["g"],)
-        kernel = KERNELS.get(p.op, kernels.chunk_simple_gla)
-        return kernel(x["q"], x["k"], x["v"], *gates, output_final_state=True, impl=impl, **_recurrent_args(p))[0]
-    return fn
-
-
 def shard_fn(p: Problem, impl: str):
     """``(x, others) -> (o, this shard's (M, S_local))``: the last of ``n`` shards' computation, its all-gather
     simulated by stacking ``others`` (the ``n - 1`` other shards' ``M [n-1,B,HV,K,K]`` (GLA: ``[n-1,B,HV]``) and
-    ``S_local [n-1,B,HV,K,V]``) with its own pair."""
-    opts = _recurrent_args(p)
+    ``S_local [n-1,B,HV,K,V]``) with its own pair; the kernel options a mixer passes, as :func:`call`."""
+    chunk = p.chunk or None
 
     def fn(x: dict, others: dict) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         if p.delta:
             o_local, q_through, m, local = recurrence.widened_delta_rule(
-                KERNELS[p.op], x["q"], x["k"], x["v"], x["g"], x["beta"], impl=impl, segment_ids=None, **opts)
+                getattr(kernels, OPS[p.op].function), x["q"], x["k"], x["v"], x["g"], x["beta"], scale=p.scale,
+                use_qk_l2norm=True, chunk_size=chunk, impl=impl, segment_ids=None)
         else:
-            o_local, local, decay = recurrence.local_simple_gla(x["q"], x["k"], x["v"], x["g"], scale=opts["scale"],
-                                                                chunk_size=opts["chunk_size"], impl=impl,
-                                                                segment_ids=None)
+            o_local, local, decay = recurrence.local_simple_gla(x["q"], x["k"], x["v"], x["g"], scale=p.scale,
+                                                                chunk_size=chunk, impl=impl, segment_ids=None)
             m = decay[:, -1]
         pairs = (jnp.concatenate([others["m"], m[None].astype(F32)]), jnp.concatenate([others["s"], local[None]]))
         n = pairs[0].shape[0]
@@ -104,7 +91,7 @@ def shard_fn(p: Problem, impl: str):
         if p.delta:
             o = recurrence.complete_delta_rule(o_local, q_through, start)
         else:
-            o = recurrence.complete_simple_gla(o_local, x["q"], decay, start, opts["scale"])
+            o = recurrence.complete_simple_gla(o_local, x["q"], decay, start, p.scale)
         return o, (m, local)
     return fn
 
@@ -118,15 +105,17 @@ def _others(p: Problem, n: int, key: jax.Array) -> dict:
 
 
 def time_recurrence(p: Problem, n: int, impl: str, repeats: int) -> dict:
-    """fwd and fwd+bwd ms of :func:`plain_fn` and :func:`shard_fn` at ``p`` and their ratios."""
+    """fwd and fwd+bwd ms of the plain kernel call (:func:`call`, as a mixer makes it without context) and
+    :func:`shard_fn` at ``p`` and their ratios."""
     x = inputs(p, initial_state=False)
-    keys = jax.random.split(jax.random.key(1), 4)
+    keys = jax.random.split(jax.random.key(1), 3)
     do = jax.random.normal(keys[0], x["v"].shape, x["v"].dtype)
     others = _others(p, n, keys[1])
     own = shard_fn(p, impl)
     d_pair = jax.tree.map(lambda a: jax.random.normal(keys[2], a.shape, a.dtype),
                           jax.eval_shape(lambda: own(x, others)[1]))
-    plain = plain_fn(p, impl)
+    def plain(x: dict) -> jax.Array:
+        return call(p, x, impl)[0]
 
     def plain_loss(x):
         return jnp.sum(plain(x).astype(F32) * do.astype(F32))
@@ -155,13 +144,11 @@ def time_attention(p: Problem, n: int, impl: str, repeats: int) -> dict:
     T, S = p.T, n * p.T
     whole = dataclasses.replace(p, T=S)
     kv = inputs(whole)
-    q = inputs(p, seed=1)["q"]
-    ks = jax.random.split(jax.random.key(2), 2)
-    do = jax.random.normal(ks[0], (p.B, T, p.H, p.V), q.dtype)
-    scale = p.scale
+    q = kv["q"][:, :T]
+    do = jax.random.normal(jax.random.key(2), (p.B, T, p.H, p.V), q.dtype)
 
     def timings(kind: str) -> dict:
-        attend = functools.partial(kernels.attention, causal=True, scale=scale, impl=kind)
+        attend = functools.partial(kernels.attention, causal=True, scale=p.scale, impl=kind)
         half = T // 2
 
         def balanced(q, k, v, offset):  # MLA's split: its first half at `offset`, its mirror's second half
