@@ -45,6 +45,7 @@ from absl import logging
 from ml_collections import ConfigDict
 
 from benchmarks import configs, record
+from benchmarks.op_families import COLLECTIVES
 from hybrid_jax.model import count_params
 from hybrid_jax.train.trainer import build_trainer
 
@@ -106,22 +107,28 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
     return out
 
 
-COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
-
-
 def collective_counts(hlo: str) -> dict[str, dict[str, int]]:
-    """``{"in_loops": {op: n}, "elsewhere": {op: n}}``: the collectives of a compiled module's text, those in a while
-    loop's body (run once per iteration: per micro-batch in the accumulation scan) apart from the rest (an async
-    pair counts once, by its start)."""
-    bodies = set(re.findall(r"\bbody=%?([\w.\-]+)", hlo))
-    counts: dict[str, dict[str, int]] = {"in_loops": {}, "elsewhere": {}}
+    """``{"in_loops": {op: n}, "elsewhere": {op: n}}``: the collectives (``op_families.COLLECTIVES``) of a compiled
+    module's text, those in a computation a while loop's body reaches (run once per iteration: per micro-batch in the
+    accumulation scan; through ``calls=`` / ``to_apply=`` too, e.g. an async collective's wrapped computation) apart
+    from the rest (an async pair counts once, by its start)."""
+    blocks = {}
     for block in re.split(r"\n(?=\S)", hlo):
-        name = re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)", block)
-        where = "in_loops" if name and name.group(1) in bodies else "elsewhere"
-        for op in COLLECTIVES:
-            n = len(re.findall(rf"\s{op}(?:-start)?\(", block))
-            if n:
-                counts[where][op] = counts[where].get(op, 0) + n
+        if name := re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)", block):
+            blocks[name.group(1)] = block
+    called = {name: set(re.findall(r"\b(?:body|condition|calls|to_apply)=%?([\w.\-]+)", block))
+              for name, block in blocks.items()}
+    in_loops, todo = set(), [b for block in blocks.values() for b in re.findall(r"\bbody=%?([\w.\-]+)", block)]
+    while todo:
+        if (name := todo.pop()) not in in_loops:
+            in_loops.add(name)
+            todo.extend(called.get(name, ()))
+    counts: dict[str, dict[str, int]] = {"in_loops": {}, "elsewhere": {}}
+    for name, block in blocks.items():
+        where = counts["in_loops" if name in in_loops else "elsewhere"]
+        for op in sorted(COLLECTIVES):
+            if n := len(re.findall(rf"\s{op}(?:-start)?\(", block)):
+                where[op] = where.get(op, 0) + n
     return counts
 
 

@@ -24,10 +24,15 @@ def test_plan_memory_with_a_context_axis(tmp_path, capsys):
 def test_collectives_in_loop_bodies_are_counted_apart():
     hlo = """HloModule m
 
+%wrapped_reduce_scatter (x: f32[4]) -> f32[2] {
+  ROOT %rs.1 = f32[2]{0} reduce-scatter(%x), dimensions={0}
+}
+
 %body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
   %ar = f32[4]{0} all-reduce(%x), replica_groups={}, to_apply=%add
   %ags = (f32[4]{0}, f32[8]{0}) all-gather-start(%x), dimensions={0}
   %agd = f32[8]{0} all-gather-done(%ags)
+  %rss = ((f32[4]{0}), f32[2]{0}) async-start(%x), calls=%wrapped_reduce_scatter
 }
 
 ENTRY %main (t: (s32[], f32[4])) -> f32[4] {
@@ -36,7 +41,7 @@ ENTRY %main (t: (s32[], f32[4])) -> f32[4] {
   %cp = f32[4]{0} collective-permute(%y), source_target_pairs={{0,1}}
 }
 """
-    assert plan_memory.collective_counts(hlo) == {"in_loops": {"all-reduce": 1, "all-gather": 1},
+    assert plan_memory.collective_counts(hlo) == {"in_loops": {"all-reduce": 1, "all-gather": 1, "reduce-scatter": 1},
                                                   "elsewhere": {"reduce-scatter": 1, "collective-permute": 1}}
 
 
