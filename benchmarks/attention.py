@@ -23,11 +23,10 @@ import jax
 from benchmarks import record
 from benchmarks.shapes import ATTENTION_SHAPES
 from hybrid_jax.kernels import cudnn_attention as cudnn
-from hybrid_jax.kernels import flash_blocks as blocks
 from hybrid_jax.kernels import tuning
 from hybrid_jax.kernels.tooling.calls import call, errors_against, fwd_bwd
 from hybrid_jax.kernels.tooling.inputs import cotangents, inputs
-from hybrid_jax.kernels.tooling.problems import Problem
+from hybrid_jax.kernels.tooling.problems import Problem, pow2
 from hybrid_jax.kernels.tooling.sweep import AttentionSearch, sweep
 from hybrid_jax.kernels.tooling.timing import median_ms
 
@@ -77,7 +76,7 @@ def check(interpret: bool, gpu: bool, checks: list[tuple[Problem, bool]]) -> lis
 def search(p: Problem, interpret: bool, budget_s: float) -> tuple[tuning.AttentionConfig, list[dict]]:
     """The best tiles at ``p`` from the table's (coordinate descent, ``kernels/tooling/sweep.py``) and every
     candidate tried."""
-    s = AttentionSearch([p], tuning.attention_config(None, blocks.pow2(max(p.K, p.V))), interpret=interpret,
+    s = AttentionSearch([p], tuning.attention_config(None, pow2(max(p.K, p.V))), interpret=interpret,
                         repeats=5)
     best = sweep(s, time.perf_counter() + budget_s, note=lambda text: print(f"sweep D{max(p.K, p.V)} {text}"))
     for t in s.tried:
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     dump()
     configs = {}  # head dim class -> {label: AttentionConfig}
     for p in shapes:
-        d = blocks.pow2(max(p.K, p.V))
+        d = pow2(max(p.K, p.V))
         configs.setdefault(d, {"table": tuning.attention_config(None, d)})
         if args.sweep and "best" not in configs[d]:
             configs[d]["best"], result[f"sweep_D{d}"] = search(p, interpret, budget_s=50)
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     impl = "pallas_interpret" if interpret else "pallas"
     for p in shapes:
         x, ct = inputs(p), cotangents(p)
-        impls = {f"pallas_{label}": (impl, cfg) for label, cfg in configs[blocks.pow2(max(p.K, p.V))].items()}
+        impls = {f"pallas_{label}": (impl, cfg) for label, cfg in configs[pow2(max(p.K, p.V))].items()}
         if gpu:
             impls["cudnn"] = ("cudnn", None)
             impls["auto"] = ("auto", None)

@@ -136,7 +136,8 @@ class HloIndex:
             fused[computation].append(name)
             meta = rest[rest.find("metadata={"):] if "metadata={" in rest else ""
             op_name = re.search(r'op_name="((?:[^"\\]|\\.)*)"', meta)
-            scopes, op = parse_op_name(op_name.group(1)) if op_name else ([], _opcode(rest))
+            shape, opcode, operands, attrs = _parts(rest)
+            scopes, op = parse_op_name(op_name.group(1)) if op_name else ([], opcode)
             stack: list[tuple[str, str, int]] = []
             if sid := re.search(r"stack_frame_id=(\d+)", meta):
                 stack = frames.get(int(sid.group(1)), [])
@@ -151,7 +152,6 @@ class HloIndex:
             functions = [f for i, f in enumerate(functions) if i == 0 or f != functions[i - 1]]
             source = f"{os.path.basename(stack[-1][0])}:{stack[-1][2]}" if stack else ""
             raw[name] = (functions, scopes, op, source)
-            shape, opcode, operands, attrs = _parts(rest)
             shapes[name] = _dims(shape)
             target = re.search(r'custom_call_target="([^"]+)"', attrs)
             kind = re.search(r"\bkind=(k\w+)", attrs)
@@ -307,11 +307,6 @@ def _closing(text: str, start: int) -> int:
         if depth == 0:
             return i
     return len(text)
-
-
-def _opcode(rest: str) -> str:
-    """The opcode of an instruction's right-hand side (``f32[2]{0} fusion(%a), ...`` -> ``fusion``)."""
-    return _parts(rest)[1]
 
 
 def _dims(shape: str) -> list[tuple[int, ...]]:
