@@ -152,6 +152,7 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
     by_path: dict[tuple[str, ...], float] = collections.defaultdict(float)
     family: dict[str, str] = {}  # event name -> family (of its first event)
     family_rows: list[tuple[str, float, float]] = []  # (family, ms, flops) per event
+    resolved: dict[tuple[str, ...], tuple] = {}  # instructions -> (their scope, family, FLOPs)
     arg_keys: collections.Counter = collections.Counter()
     sample = []
     kept = [e for e in events if e.get("ph") == "X" and keep(e)]
@@ -166,11 +167,13 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
         arg_keys.update(args.keys())
         if len(sample) < SAMPLE_EVENTS:
             sample.append(dict(name=name, dur=e.get("dur"), args={k: str(v)[:300] for k, v in args.items()}))
-        names = index.resolve(name, args) if index else []
-        found = index.scope_of(names) if names else None
+        names = tuple(index.resolve(name, args)) if index else ()
+        if names and names not in resolved:  # the same instructions run once per step and layer: classify once
+            resolved[names] = (index.scope_of(list(names)), *_family(index, list(names)))
+        found = resolved[names][0] if names else None
         if index:
             by_path[(found.path or ("(no JAX scope)",)) if found else ("(no HLO instruction)",)] += ms
-            fam, flops = _family(index, names) if names else (CATEGORY_FAMILY.get(category(name), "other"), 0.0)
+            fam, flops = resolved[names][1:] if names else (CATEGORY_FAMILY.get(category(name), "other"), 0.0)
             # a gemm's memset or copy runs under its instruction too: its time is the family's, its FLOPs are not
             family_rows.append((fam, ms, 0.0 if TRANSFER_ARGS & args.keys() else flops))
             family.setdefault(name, fam)
