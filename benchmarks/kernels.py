@@ -101,7 +101,7 @@ def time_and_check(fns, x: dict, do: jax.Array, ref, repeats: int) -> dict:
 def trace_fwd_bwd(fwd_bwd, x, ct, directory: Path, calls: int = 3) -> dict:
     """Where the device time of ``calls`` calls of ``fwd_bwd(x, ct)`` (jitted) goes: a ``jax.profiler`` trace in
     ``directory`` with the HLO text beside it, summarized per kernel / XLA op (``benchmarks/trace_summary.py``) and
-    printed."""
+    printed (the summary's ``steps`` are the calls)."""
     from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ def trace_fwd_bwd(fwd_bwd, x, ct, directory: Path, calls: int = 3) -> dict:
         jax.block_until_ready(out)
     summary = summarize(directory, hlo=directory / HLO_FILE, steps=calls)
     print(format_summary(summary), flush=True)
-    return dict(calls=calls, **summary)
+    return summary
 
 
 def variant_line(shape: str, variant: str, v: dict) -> str:

@@ -16,7 +16,7 @@ def test_trace_fwd_bwd_counts_each_call_of_the_traced_function(tmp_path):
     x, w = jnp.ones((64, 32)), jnp.full((32, 16), 0.01)
     summary = trace_fwd_bwd(fwd_bwd, x, w, tmp_path / "case", calls=3)
     assert (tmp_path / "case" / "step_hlo.txt").read_text().startswith("HloModule")
-    assert summary["calls"] == 3 and summary["busy_ms"] > 0
+    assert summary["steps"] == 3 and summary["busy_ms"] > 0
     dots = [op for op in summary["ops"] if "dot" in op["name"] or "dot" in op["scope"]]
     assert dots and all(op["count"] % 3 == 0 for op in dots)  # every call of the step, no more, no fewer
     assert any("projection" in op["scope"] for op in summary["ops"])
@@ -33,7 +33,7 @@ def test_each_variant_is_printed_when_timed_traced_into_its_own_folder_and_a_fai
               trace=str(tmp_path))
     assert "power of two" in res["variants"]["chunk=24"]["error"]
     variant = res["variants"]["block_v=16,block_v_bwd=16"]
-    assert res["ok"] and variant["ok"] and variant["trace"]["calls"] == 3 and res["trace"]["calls"] == 3
+    assert res["ok"] and variant["ok"] and variant["trace"]["steps"] == 3 and res["trace"]["steps"] == 3
     for folder in ("tiny_gdn", "tiny_gdn_block_v=16_block_v_bwd=16"):
         assert (tmp_path / folder / "step_hlo.txt").read_text().startswith("HloModule")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny_gdn ")]
