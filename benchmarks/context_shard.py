@@ -12,10 +12,11 @@ forward+backward (the gradients of every input) of
 (a) ``plain``: the kernel as a mixer calls it without context (``use_qk_l2norm`` for the delta rule, the final state
     asked for), on ``[1, T_local]``;
 (b) ``shard``: ``hybrid_jax.parallel.recurrence``'s steps on one shard, the collectives replaced by what they produce:
-    the widened kernel call on ``[v | 0]`` from ``[0 | I]`` (GLA: the kernel and the cumulative decay), the prefix
-    (``shard_prefix``) over the ``n`` gathered ``(M, S_local)`` pairs with this shard's pair last (the other ``n - 1``
-    are inputs, differentiated too, as the all-gather's transpose does), and the completion product. The backward
-    also receives a cotangent for this shard's own pair (what the reduce-scatter of the others' gradients delivers).
+    the pair (the delta rule: the widened kernel call on ``[v | 0]`` from ``[0 | I]``; GLA: ``S_local`` in closed
+    form), the prefix (``shard_prefix``) over the ``n`` gathered ``(M, S_local)`` pairs with this shard's pair last
+    (the other ``n - 1`` are inputs, differentiated too, as the all-gather's transpose does), and the outputs (the
+    delta rule: the completion product; GLA: the kernel from the start state). The backward also receives a
+    cotangent for this shard's own pair (what the reduce-scatter of the others' gradients delivers).
 
 and their ratio ``shard / plain`` (goal: <= 1.25). For MLA, the attention of shard ``i``'s queries over all ``S``
 keys (the gathered latent's keys and values) as MLA splits them: the first half of its own tokens at ``q_offset =
@@ -81,9 +82,7 @@ def shard_fn(p: Problem, impl: str):
                 getattr(kernels, OPS[p.op].function), x["q"], x["k"], x["v"], x["g"], x["beta"], scale=p.scale,
                 use_qk_l2norm=True, chunk_size=chunk, impl=impl, segment_ids=None)
         else:
-            o_local, local, decay = recurrence.local_simple_gla(x["q"], x["k"], x["v"], x["g"], scale=p.scale,
-                                                                chunk_size=chunk, impl=impl, segment_ids=None)
-            m = decay[:, -1]
+            m, local = recurrence.local_simple_gla(x["k"], x["v"], x["g"])
         pairs = (jnp.concatenate([others["m"], m[None].astype(F32)]), jnp.concatenate([others["s"], local[None]]))
         n = pairs[0].shape[0]
         keeps = jnp.ones((n, p.B), bool)
@@ -91,7 +90,8 @@ def shard_fn(p: Problem, impl: str):
         if p.delta:
             o = recurrence.complete_delta_rule(o_local, q_through, start)
         else:
-            o = recurrence.complete_simple_gla(o_local, x["q"], decay, start, p.scale)
+            o = kernels.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"], scale=p.scale, initial_state=start,
+                                         chunk_size=chunk, impl=impl)[0]
         return o, (m, local)
     return fn
 

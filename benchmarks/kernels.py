@@ -1,13 +1,15 @@
 """Time the Pallas recurrent kernels (GDN, KDA, simple GLA / Mamba2 SSD) on a GPU and check them against the XLA form.
 
     python -m benchmarks kernels [--only NAME ...] [--repeats 20] [--xla-timing] [--variant F=V,...] [--trace DIR]
+        [--law fla|model]
 
 bf16 inputs of FLA's benchmark law, as the reference draws them (``kernels/tooling/inputs.py``, ``law="fla"``: ``k``
-L2-normalised, ``g = logsigmoid(randn) / 16`` (per key channel for KDA), ``beta = sigmoid(rand)``), forward and
-forward+backward (gradients of every input), median of ``--repeats`` timed samples after warm-up (a sample: as many
-back-to-back calls as take about 20 ms, ``kernels/tooling/timing.py``). Each result is checked against the chunked
-XLA form in float32 on the same inputs (relative RMS, ``kernels/tooling/errors.py``'s ``TOLERANCE``: forward <=
-5e-3, gradients <= 2e-2). Prints a table and writes the record ``kernels`` (``benchmarks/record.py``).
+L2-normalised, ``g = logsigmoid(randn) / 16`` (per key channel for KDA), ``beta = sigmoid(rand)``; ``--law model``: the
+gates as a model gives them), forward and forward+backward (gradients of every input), median of ``--repeats`` timed
+samples after warm-up (a sample: as many back-to-back calls as take about 20 ms, ``kernels/tooling/timing.py``). Each
+result is checked against the chunked XLA form in float32 on the same inputs (relative RMS,
+``kernels/tooling/errors.py``'s ``TOLERANCE``: forward <= 5e-3, gradients <= 2e-2). Prints a table and writes the record
+``kernels`` (``benchmarks/record.py``).
 Achieved rates use the H200's dense bf16 peak (989 TFLOP/s) and HBM bandwidth (4.8 TB/s); the FLOP and
 byte counts are those of our kernel decomposition (see ``work``). KDA rows also print their time over our GDN's
 at the same shape. The reference (FLA) is timed by ``python -m benchmarks fla_reference`` in the same command
@@ -47,10 +49,12 @@ def make_fns(s: Problem, impl: str, config: RecurrentConfig | None = None):
     return jax.jit(lambda x: call(s, x, impl, config=config)[0]), jax.jit(fwd_bwd(s, impl, config=config))
 
 
-def timing_inputs(s: Problem, config: RecurrentConfig, interpret: bool = False, every: int | None = None):
-    """The benchmark's inputs at ``s`` (FLA's law, no initial state), the output's cotangent, and every stage's
-    arguments under ``config`` (``every``: packed documents of that many tokens)."""
-    x, do = inputs(s, law="fla", initial_state=False), cotangents(s)[0]
+def timing_inputs(s: Problem, config: RecurrentConfig, interpret: bool = False, every: int | None = None,
+                  law: str = "fla"):
+    """The benchmark's inputs at ``s`` (gates of ``law``, ``kernels/tooling/inputs.py``; no initial state), the
+    output's cotangent, and every stage's arguments under ``config`` (``every``: packed documents of that many
+    tokens)."""
+    x, do = inputs(s, law=law, initial_state=False), cotangents(s)[0]
     return x, do, stage_args(s, config, x, do, interpret=interpret, every=every)
 
 
@@ -123,11 +127,12 @@ def variant_line(shape: str, variant: str, v: dict) -> str:
 
 
 def run(s: Problem, repeats: int, xla_timing: bool, interpret: bool = False, other_grad: bool = False,
-        variants: tuple[str, ...] = (), trace: str = "") -> dict:
-    """Every figure of one problem: the table config's times, errors and stages, the variants', the XLA form's."""
+        variants: tuple[str, ...] = (), trace: str = "", law: str = "fla") -> dict:
+    """Every figure of one problem: the table config's times, errors and stages, the variants', the XLA form's, on
+    inputs of ``law``."""
     impl = "pallas_interpret" if interpret else "pallas"
     cfg = recurrent_config(per_key=s.per_key)
-    x, do, args = timing_inputs(s, cfg, interpret)
+    x, do, args = timing_inputs(s, cfg, interpret, law=law)
     # correctness: our bf16 kernels vs the XLA form in float32 on the same inputs
     ref = reference_run(s, "xla", x, (do, None))
     fns = make_fns(s, impl, cfg)  # built once: traced below with the same compiled functions
@@ -137,7 +142,8 @@ def run(s: Problem, repeats: int, xla_timing: bool, interpret: bool = False, oth
         other = dataclasses.replace(cfg, split_grad_from=None if split else 0)
         res["other_grad"] = dict(
             split=not split,
-            grad_ms=stage_ms("grad", timing_inputs(s, other, interpret)[2]["grad"], other, repeats, interpret),
+            grad_ms=stage_ms("grad", timing_inputs(s, other, interpret, law=law)[2]["grad"], other, repeats,
+                             interpret),
             **time_and_check(make_fns(s, impl, other), x, do, ref, repeats),
         )
     for variant in variants:  # the table's config with some fields changed; a failing one (e.g. shared memory
@@ -145,7 +151,8 @@ def run(s: Problem, repeats: int, xla_timing: bool, interpret: bool = False, oth
             v_cfg = override(cfg, variant)
             v_fns = make_fns(s, impl, v_cfg)
             v_res = time_and_check(v_fns, x, do, ref, repeats)
-            v_res["stages_ms"] = stage_times(s, v_cfg, timing_inputs(s, v_cfg, interpret)[2], repeats, interpret)
+            v_res["stages_ms"] = stage_times(s, v_cfg, timing_inputs(s, v_cfg, interpret, law=law)[2], repeats,
+                                             interpret)
             if trace:
                 print(f"{s.name} {variant}: trace", flush=True)
                 v_res["trace"] = trace_fwd_bwd(v_fns[1], x, (do, None),
@@ -183,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace", default="", help="also trace the table config's forward+backward into DIR/SHAPE (and "
                                                 "each variant's into DIR/SHAPE_VARIANT) and print where its device "
                                                 "time goes (kernels and XLA ops)")
+    ap.add_argument("--law", default="fla", choices=("fla", "model"),
+                    help="the gates' law (kernels/tooling/inputs.py): fla (FLA's benchmark law, comparable with the "
+                         "reference) or model (as a model's gates fall; KDA's diagonal blocks then take their "
+                         "fallback in some chunks)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the script on CPU)")
     ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")
     args = ap.parse_args(argv)
@@ -207,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         try:
             r = run(s, args.repeats, args.xla_timing, interpret=args.smoke, other_grad=args.other_grad,
-                    variants=tuple(args.variant), trace=args.trace)
+                    variants=tuple(args.variant), trace=args.trace, law=args.law)
         except Exception as e:  # keep going: one failing shape must not hide the others
             results[s.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"{s.name:<12} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)

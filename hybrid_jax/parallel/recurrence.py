@@ -8,26 +8,28 @@ recurrence is affine in the state a shard starts from::
     GLA:         S_t = exp(g_t) S_{t-1} + k_t v_t^T
 
 so a shard's final state is ``M S_in + S_local`` (``M = A_T ... A_1``, ``[K, K]``; for GLA the scalar
-``exp(sum g)``) and its outputs are ``o_local + scale (M_t S_in)^T q_t``. Each shard
+``exp(sum g)``). Each shard
 
-1. runs the kernel once from a zero state: for the delta rule on ``[v | 0]`` (value width ``V + K``) from the
-   initial state ``[0 | I]``, whose last ``K`` state columns evolve as ``M_t`` (they see no ``v``): the final state
-   is ``[S_local | M]`` and the last ``K`` output channels are ``scale M_t^T q_t``; for GLA ``M_t = exp(G_t)``
-   (``G`` the cumulative log decay) is computed directly;
-2. all-gathers the pairs ``(M, S_local)`` and a flag per row, whether its first token continues the previous shard's
-   last document, and runs the exclusive prefix ``S_in(i+1) = keep(i+1) (M_i S_in(i) + S_local(i))`` (``n`` small
-   matmuls, the same on every shard) from the caller's ``initial_state`` on shard 0;
-3. completes its outputs exactly: ``o = o_local + (scale M_t^T q_t) S_in`` (GLA: ``scale exp(G_t) q_t^T S_in``).
+1. computes its pair ``(M, S_local)`` from a zero state. The delta rule's has no closed form: the kernel runs once on
+   ``[v | 0]`` (value width ``V + K``) from the initial state ``[0 | I]``, whose last ``K`` state columns evolve as
+   ``M_t`` (they see no ``v``): the final state is ``[S_local | M]``, the first ``V`` output channels are
+   ``o_local`` and the last ``K`` are ``scale M_t^T q_t``. GLA's is one weighted product per head,
+   ``S_local = sum_t exp(G_T - G_t) k_t v_t^T`` and ``M = exp(G_T)`` (``G`` the cumulative log decay), no kernel;
+2. all-gathers the pairs and a flag per row, whether its first token continues the previous shard's last document,
+   and runs the exclusive prefix ``S_in(i+1) = keep(i+1) (M_i S_in(i) + S_local(i))`` (``n`` small matmuls, the
+   same on every shard) from the caller's ``initial_state`` on shard 0;
+3. gives its exact outputs: the delta rule completes them, ``o = o_local + (scale M_t^T q_t) S_in``; GLA runs its
+   kernel once, from ``S_in``.
 
 A document that starts inside a shard cuts the prefix: the kernel's segment ids reset the ``[0 | I]`` columns to 0
-there, so ``M`` and ``M_t`` after it are 0 (GLA: ``exp(G_t)`` is masked to the shard's first document). The
-returned final state is the whole sequence's (the last shard's, the same on every shard).
+there, so ``M`` and ``M_t`` after it are 0 (GLA: ``S_local`` sums the shard's last document only and ``M`` is 0).
+The returned final state is the whole sequence's (the last shard's, the same on every shard).
 
 Cost (against one kernel call on the shard): the delta rule's kernel runs with value width ``V + K`` instead of ``V``
 (the state-sized work and the outputs grow by ``K / V``; the chunk's ``K x K`` and ``C x C`` products do not), plus
-one ``[T_local, K] x [K, V]`` product per head for the completion and an all-gather of ``n`` states and ``[K, K]``
-transitions per head; GLA adds only the completion. Gradients flow through all of it (``jax.grad`` transposes the
-all-gather; the kernels' VJPs give the final state's gradient).
+one ``[T_local, K] x [K, V]`` product per head for the completion; GLA adds one such product for ``S_local``; both
+an all-gather of ``n`` states and transitions per head. Gradients flow through all of it (``jax.grad`` transposes
+the all-gather; the kernels' VJPs give the start state's gradient).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import jax.numpy as jnp
 
 from hybrid_jax import kernels
 from hybrid_jax.kernels.api import Impl
-from hybrid_jax.kernels.reference import expand_heads
 from hybrid_jax.parallel.shards import previous_tail, shard_index
 
 F32 = jnp.float32
@@ -149,33 +150,35 @@ def chunk_simple_gla(
     impl: Impl = "auto", segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """:func:`hybrid_jax.kernels.chunk_simple_gla` (Mamba2's SSD) on this shard of ``axis``; as
-    :func:`chunk_gated_delta_rule`. The transition is the scalar ``exp(G_t)`` per head (``G`` the cumulative log
-    decay from the shard's start), kept only on the shard's first document's tokens."""
+    :func:`chunk_gated_delta_rule`. The shard's pair (:func:`local_simple_gla`) needs no kernel, so the kernel runs
+    once, from the shard's true start state: no completion pass."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    o_local, h_local, decay = local_simple_gla(q, k, v, g, scale=scale, chunk_size=chunk_size, impl=impl,
-                                               segment_ids=segment_ids)
-    start, final = _start_states(decay[:, -1], h_local, _continues(segment_ids, q.shape[0], axis), initial_state,
-                                 axis)
-    return complete_simple_gla(o_local, q, decay, start, scale), (final if output_final_state else None)
+    transition, local = local_simple_gla(k, v, g, segment_ids=segment_ids)
+    start, final = _start_states(transition, local, _continues(segment_ids, q.shape[0], axis), initial_state, axis)
+    o, _ = kernels.chunk_simple_gla(q, k, v, g, scale=scale, initial_state=start, chunk_size=chunk_size, impl=impl,
+                                    segment_ids=segment_ids)
+    return o, (final if output_final_state else None)
 
 
-def local_simple_gla(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *, scale: float, chunk_size, impl: Impl,
-                     segment_ids: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Step 1 of GLA on a shard: the kernel from a zero state and the transition ``exp(G_t)`` per token and head.
-    Returns ``(o_local [B,T,HV,V], S_local [B,HV,K,V] float32, decay [B,T,HV] float32)``."""
-    o_local, h_local = kernels.chunk_simple_gla(q, k, v, g, scale=scale, output_final_state=True,
-                                                chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
+def local_simple_gla(k: jax.Array, v: jax.Array, g: jax.Array, *, segment_ids: jax.Array | None = None
+                     ) -> tuple[jax.Array, jax.Array]:
+    """A shard's pair for GLA in closed form, without the kernel: its final state from a zero start ``S_local =
+    sum_t exp(G_T - G_t) k_t v_t^T`` (``G`` the cumulative log decay from the shard's start; with ``segment_ids``
+    over the shard's last document only), one ``[K, T] x [T, V]`` product per value head in float32
+    (unrounded: ``S_local`` is as close as the sequence's own final state), and the transition ``exp(G_T)`` (0
+    where a document starts inside the shard).
+
+    Args: ``k [B,T,H,K]``, ``v [B,T,HV,V]`` (``HV`` a multiple of ``H``: value head ``hv`` reads key head
+    ``hv // (HV / H)``), ``g [B,T,HV]`` (log decay per token), ``segment_ids [B,T]`` or None.
+    Returns ``(transition [B,HV] float32, S_local [B,HV,K,V] float32)``."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
     log_decay = jnp.cumsum(g.astype(F32), axis=1)  # [B,T,HV]
-    if segment_ids is not None:  # mask before exp: tokens after the shard's first document see no start state
-        first_doc = (segment_ids == segment_ids[:, :1])[:, :, None]
-        log_decay = jnp.where(first_doc, log_decay, -jnp.inf)
-    return o_local, h_local, jnp.exp(log_decay)
-
-
-def complete_simple_gla(o_local: jax.Array, q: jax.Array, decay: jax.Array, start: jax.Array, scale: float
-                        ) -> jax.Array:
-    """Step 3 of GLA: ``o = o_local + scale exp(G_t) q_t^T S_in`` (``q [B,T,H,K]``, grouped over the ``HV`` value
-    heads; ``start = S_in [B,HV,K,V]``) in ``o_local``'s dtype."""
-    q_heads = expand_heads(q.astype(F32), o_local.shape[2])
-    o = o_local.astype(F32) + scale * decay[..., None] * jnp.einsum("bthk,bhkv->bthv", q_heads, start)
-    return o.astype(o_local.dtype)
+    weight = jnp.exp(log_decay[:, -1:] - log_decay)  # exp(G_T - G_t) <= 1
+    transition = jnp.exp(log_decay[:, -1])
+    if segment_ids is not None:
+        weight = jnp.where((segment_ids == segment_ids[:, -1:])[:, :, None], weight, 0.0)
+        transition = jnp.where((segment_ids[:, -1] == segment_ids[:, 0])[:, None], transition, 0.0)
+    weighted = (v.astype(F32) * weight[..., None]).reshape(B, T, H, HV // H, V)
+    local = jnp.einsum("bthk,bthgv->bhgkv", k.astype(F32), weighted, precision=jax.lax.Precision.HIGHEST)
+    return transition, local.reshape(B, HV, K, V)
