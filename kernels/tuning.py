@@ -58,6 +58,8 @@ class RecurrentConfig:
     """The reverse state pass also computes the gradient pass's ``sum_v h dh`` where ``K * V`` reaches this."""
     output_in_state: bool = False
     """Delta rule: the forward state pass computes the output (``P`` from ``wy``): no output launch."""
+    output_in_state_below: int | None = None
+    """``output_in_state`` applies only where ``K * V`` is below this (``None``: at every size)."""
     gate_cumsum_in_kernels: bool = False
     """Per-key gate at chunk 16: the kernels sum the raw gate (and reverse-sum its gradient) instead of XLA."""
     chunks_per_program: int = 1
@@ -77,6 +79,10 @@ class RecurrentConfig:
     def chunks_per_program_at(self, K: int, V: int) -> int:
         """Chunks per program of the chunk-parallel launches at padded head dims ``K``, ``V``."""
         return max(1, self.chunks_per_program) if _from(self.chunks_per_program_from, K, V) else 1
+
+    def output_in_state_at(self, K: int, V: int) -> bool:
+        """Whether the forward state pass computes the output (delta rule) at padded head dims ``K``, ``V``."""
+        return self.output_in_state and (self.output_in_state_below is None or K * V < self.output_in_state_below)
 
     def hdh_in_state_bwd(self, K: int, V: int) -> bool:
         """Whether the reverse state pass computes ``sum_v h dh`` at padded head dims ``K``, ``V``."""
@@ -185,6 +191,7 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         grad=Launch(4, 2),
         grad_wy=Launch(4, 2),
         output_in_state=True,
+        output_in_state_below=128 * 128,  # NOTES.md "KDA at K = V = 128 on the model's gates"
         gate_cumsum_in_kernels=True,
         chunks_per_program=4,
         chunks_per_program_from=128 * 128,

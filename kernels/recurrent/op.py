@@ -28,7 +28,7 @@ def _forward(static: Static, q, k, v, gamma, beta, h0, rel) -> tuple[jax.Array, 
     """Padded inputs (``rel``: packed documents, ``reference.chunk_segments``, or None) -> ``(o, final state,
     residuals)``."""
     q_seq, k_seq = sequential_qk(q, k, rel, static.chunk)
-    if beta is not None and static.cfg.output_in_state:
+    if beta is not None and static.cfg.output_in_state_at(k.shape[-1], v.shape[-1]):
         u, w, t, p = wy(static, k, v, gamma, beta, q, rel=rel)
         h, v_new, final, o = state_fwd(static, k_seq, gamma, w, u, h0, q_seq, p, rel=rel)
         return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)

@@ -55,11 +55,11 @@ def stage_inputs(static: Static, q: jax.Array, k: jax.Array, v: jax.Array, g: ja
                  h0: jax.Array, do: jax.Array, rel: jax.Array | None = None) -> dict[str, tuple]:
     """The arguments of each stage (``STAGES[name](static, *args)``) on these inputs (T a multiple of the chunk, head
     dims powers of two >= 16, ``q`` and ``k`` as the kernels take them), computed by running the stages before it.
-    With ``output_in_state`` (delta rule) ``wy`` also takes ``q``, ``state`` also ``q`` and ``P``, and there is no
-    ``output`` stage. ``rel [B,T]``: packed documents (``reference.chunk_segments``), passed to every stage (the state
-    passes then take ``q`` and ``k`` masked, ``segments.sequential_qk``, as the op does)."""
+    With ``output_in_state`` at these dims (delta rule) ``wy`` also takes ``q``, ``state`` also ``q`` and ``P``, and
+    there is no ``output`` stage. ``rel [B,T]``: packed documents (``reference.chunk_segments``), passed to every stage
+    (the state passes then take ``q`` and ``k`` masked, ``segments.sequential_qk``, as the op does)."""
     gamma = kernel_gate(g.astype(jnp.float32), static.chunk, static.cfg)
-    output_in_state = beta is not None and static.cfg.output_in_state
+    output_in_state = beta is not None and static.cfg.output_in_state_at(k.shape[-1], v.shape[-1])
     q_in_state = q if output_in_state else None
     q_seq, k_seq = sequential_qk(q, k, rel, static.chunk)
     args = {}

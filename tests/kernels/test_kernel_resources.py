@@ -20,10 +20,12 @@ def test_lowered_kernels_carry_the_table_launches():
     """Every launch of the KDA forward + backward, once each, with its Triton IR and the sm90 table's launch; those
     with diagonal blocks twice (one reference row per block, then the levels on the rows it gets wrong); no output
     launch where the table computes the output in the state pass."""
-    fn, args = recurrence_case(SHAPE["kda_300m"], "sm90")
+    shape = SHAPE["kda_300m"]
+    fn, args = recurrence_case(shape, "sm90")
     kernels = lowered_kernels(fn, args, "sm90")
     cfg = recurrent_config("sm90", per_key=True)
-    output = {} if cfg.output_in_state else {"output_fwd": cfg.output, "output_fwd_levels": cfg.output}
+    in_state = cfg.output_in_state_at(shape.K, shape.V)
+    output = {} if in_state else {"output_fwd": cfg.output, "output_fwd_levels": cfg.output}
     expected = {"wy_fwd": cfg.wy, "wy_fwd_levels": cfg.wy, "state_fwd": cfg.state, **output,
                 "state_bwd": cfg.state_bwd, "grad_bwd": cfg.grad, "grad_bwd_levels": cfg.grad,
                 "grad_wy_bwd": cfg.grad_wy, "grad_wy_bwd_levels": cfg.grad_wy}

@@ -56,6 +56,19 @@ def test_chunks_per_program_rule():
     assert tuning.recurrent_config("sm90").chunks_per_program_at(128, 128) == 1
 
 
+def test_output_in_state_rule():
+    """The state pass computes the output where it is on and ``K * V`` is below ``output_in_state_below`` (``None``:
+    everywhere); the sm90 KDA table at its small training dims only (at K = V = 128 the model's gates make the ``wy``
+    launch that also builds ``P`` slow: benchmarks/NOTES.md)."""
+    rule = RecurrentConfig(output_in_state=True, output_in_state_below=128 * 128)
+    assert rule.output_in_state_at(32, 64) and rule.output_in_state_at(64, 128)
+    assert not rule.output_in_state_at(128, 128) and not rule.output_in_state_at(128, 256)
+    assert dataclasses.replace(rule, output_in_state_below=None).output_in_state_at(128, 128)
+    assert not dataclasses.replace(rule, output_in_state=False).output_in_state_at(32, 64)
+    kda = tuning.recurrent_config("sm90", per_key=True)
+    assert (kda.output_in_state_at(32, 64), kda.output_in_state_at(128, 128)) == (True, False)
+
+
 def test_fit_stages():
     assert fit_stages(Launch(4, 3), 18_432, 227 * 1024) == Launch(4, 3)
     assert fit_stages(Launch(4, 3), 73_728, 227 * 1024) == Launch(4, 2)  # 3 x 72 KiB > 7/8 of 227 KiB
