@@ -3,8 +3,7 @@ problems: named :class:`Problem` lists. The reference script imports this in a P
 initialises no JAX backend (which would take the GPU's memory; ``tests/benchmarks/test_shapes.py`` checks it).
 
 Recurrent problems are at B8 T2048 (the anchors' batch): the anchor shapes of the reference benchmark and the mixer
-shapes of our configs, bf16; and the long-context recipe's shard (B1 T8192). Attention problems: ``K`` the qk head
-dim, ``V`` the v head dim, ``HV == H``.
+shapes of our configs, bf16. Attention problems: ``K`` the qk head dim, ``V`` the v head dim, ``HV == H``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ SHAPES = [
     Problem("kda", 8, 2048, 16, 16, 128, 128, name="kda_anchor"),
     Problem("kda", 8, 2048, 8, 8, 32, 64, name="kda_300m"),
     Problem("kda", 8, 2048, 16, 16, 32, 64, name="kda_1b"),
-    Problem("kda", 1, 8192, 16, 32, 128, 128, name="kda_64k_shard"),  # zebra_1b_kda_hybrid_64k: one of 8 shards
 ]
 
 ATTENTION_SHAPES = [

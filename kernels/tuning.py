@@ -191,7 +191,7 @@ RECURRENT_KDA: dict[str, RecurrentConfig] = {
         grad=Launch(4, 2),
         grad_wy=Launch(4, 2),
         output_in_state=True,
-        output_in_state_below=128 * 128,  # NOTES.md "KDA at K = V = 128 on the model's gates"
+        output_in_state_below=128 * 128,  # NOTES.md "option evidence: output_in_state"
         gate_cumsum_in_kernels=True,
         chunks_per_program=4,
         chunks_per_program_from=128 * 128,
