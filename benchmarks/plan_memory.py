@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from typing import Any
 
@@ -72,6 +73,7 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
     memory. ``config.train.global_batch_size`` must be the micro batch x accumulation x batch shards the caller wants.
     """
     t0 = time.perf_counter()
+    print(f"planning {config.model.name} on {len(devices)} {devices[0].platform} devices", file=sys.stderr, flush=True)
     trainer = build_trainer(config, devices, abstract=True)  # nothing is allocated
     mesh, accum, state = trainer.mesh, trainer.accum, trainer.abstract_state
     t = config.train
@@ -90,9 +92,12 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
     if not compile_step:
         return out
     batch = trainer.abstract_batch(t.seq_len, t.global_batch_size, config.data.document_mask)
+    print(f"state planned in {out['abstract_s']:.0f} s; lowering the step for {mesh.size} {out['platform']} devices",
+          file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     lowered = trainer.step.lower(state, batch)
     t1 = time.perf_counter()
+    print(f"lowered in {t1 - t0:.0f} s; compiling (a large step can take minutes)", file=sys.stderr, flush=True)
     compiled = lowered.compile()
     stats = compiled.memory_analysis()
     t2 = time.perf_counter()

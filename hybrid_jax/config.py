@@ -46,7 +46,7 @@ def base_config() -> ConfigDict:
             kernel_impl="auto",  # auto | xla | pallas | pallas_interpret | naive
             chunk_size=0,  # recurrent-kernel chunk (power of two >= 16); 0: tuned per GPU and mixer (kernels.tuning)
             tuning="auto",  # launch configs: auto (this GPU's file from python -m hybrid_jax.tune) | builtin | a path
-            remat="none",  # none | mixer | full
+            remat="none",  # none | mixer | full | dots
             reset_positions=False,  # with data.document_mask: RoPE positions restart at each document
             gdn=ConfigDict(
                 dict(num_key_heads=4, num_value_heads=8, key_head_dim=64, value_head_dim=64, conv_size=4)

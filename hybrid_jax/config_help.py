@@ -29,7 +29,8 @@ MEANINGS: dict[str, str] = {
     "model.kernel_impl": "recurrent/attention kernels: auto | xla | pallas | pallas_interpret | naive",
     "model.chunk_size": "recurrent-kernel chunk, a power of two >= 16; 0: tuned per GPU and mixer",
     "model.tuning": "kernel launch configs: auto (this GPU's tuning file) | builtin | a path",
-    "model.remat": "recompute in the backward pass to save memory: none | mixer | full",
+    "model.remat": "recompute in the backward pass to save memory: none | mixer | full | dots (all, keeping the "
+                   "projections' outputs)",
     "model.reset_positions": "with data.document_mask: RoPE positions restart at each document",
     "model.gdn.num_key_heads": "GDN query/key heads",
     "model.gdn.num_value_heads": "GDN value heads (a multiple of the key heads)",

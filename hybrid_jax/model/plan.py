@@ -19,6 +19,8 @@ from ml_collections import ConfigDict
 MLA, MIXER, MLP = "*", "M", "-"
 EXPLICIT_MIXERS = {"G": "gdn", "K": "kda", "S": "mamba2"}
 MIXERS = ("gdn", "kda", "mamba2")
+# model.remat: which sublayers recompute their forward in the backward, and what they keep (hybrid_jax.model.stack)
+REMAT_MODES = ("none", "mixer", "full", "dots")
 ALPHABET = MLA + MIXER + MLP + "".join(EXPLICIT_MIXERS)
 
 

@@ -14,7 +14,9 @@ sowing is a no-op.
 Decoding: ``init_cache(batch, max_len)``, ``prefill(tokens, lengths, cache)`` and ``decode_step(token, cache)`` (see
 ``hybrid_jax.model.cache``; ``compile_decoder`` jits them); ``context_prefill`` fills the cache from a prompt split over
 a context mesh axis (``compile_context_prefill``).
-``model.remat``: ``"none"``, ``"mixer"`` (all but the MLPs) or ``"full"`` (every sublayer), via ``nnx.remat``.
+``model.remat``: ``"none"``, ``"mixer"`` (all but the MLPs), ``"full"`` (every sublayer) or ``"dots"`` (every
+sublayer, keeping the outputs of its matmuls without batch dimensions: the projections; the element-wise work, norms,
+kernels and attention are recomputed), via ``nnx.remat``.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from hybrid_jax.model.kda import KimiDeltaAttention
 from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, lookup, normal_init, sow
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA
-from hybrid_jax.model.plan import layer_plan, sublayer_kinds
+from hybrid_jax.model.plan import REMAT_MODES, layer_plan, sublayer_kinds
 from hybrid_jax.parallel import shards
 
 SUBLAYERS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
 # Attribute (and so parameter-path) name of the inner block, as Megatron names it.
 BLOCK_NAMES = {"mla": "self_attention", "gdn": "mixer", "kda": "mixer", "mamba2": "mixer", "mlp": "mlp"}
-REMAT_MODES = ("none", "mixer", "full")
+# what a rematerialised sublayer keeps for the backward, by mode (None: only its input)
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 class Sublayer(nnx.Module):
@@ -44,7 +47,7 @@ class Sublayer(nnx.Module):
 
     def __init__(self, kind: str, cfg: ConfigDict, *, rngs: nnx.Rngs, remat: bool = False):
         dtype, param_dtype = dtypes(cfg)
-        self.kind, self.remat = kind, remat
+        self.kind, self.remat, self.remat_mode = kind, remat, cfg.get("remat", "none")
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
         setattr(self, BLOCK_NAMES[kind], SUBLAYERS[kind](cfg, rngs=rngs))
 
@@ -61,7 +64,8 @@ class Sublayer(nnx.Module):
         """``segment_ids [B,T]``: packed documents (every mixer keeps each document to itself). ``context``: the mesh
         axis the time axis is split over, inside its ``shard_map`` (``hybrid_jax.parallel``); ``x`` is then this
         shard's ``[B,T_local,D]``."""
-        residual = nnx.remat(Sublayer.residual, static_argnums=3) if self.remat else Sublayer.residual
+        residual = (nnx.remat(Sublayer.residual, static_argnums=3, policy=REMAT_POLICIES.get(self.remat_mode))
+                    if self.remat else Sublayer.residual)
         out = residual(self, x, segment_ids, context)
         sow(self, "output", out)
         return out
@@ -131,7 +135,8 @@ class HybridLM(nnx.Module):
             raise ValueError(f"model.remat must be one of {REMAT_MODES}, got {model_cfg.remat!r}")
         self.plan = layer_plan(model_cfg)
         self.embed = make_embedding(model_cfg, rngs)
-        remat = {"none": (), "mixer": ("mla", "gdn", "kda", "mamba2"), "full": tuple(SUBLAYERS)}[model_cfg.remat]
+        remat = {"none": (), "mixer": ("mla", "gdn", "kda", "mamba2"), "full": tuple(SUBLAYERS),
+                 "dots": tuple(SUBLAYERS)}[model_cfg.remat]
         self.layers = nnx.List(
             [Sublayer(kind, model_cfg, rngs=rngs, remat=kind in remat) for kind in sublayer_kinds(model_cfg)]
         )

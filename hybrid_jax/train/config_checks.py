@@ -10,11 +10,10 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from hybrid_jax.config import flat_items
-from hybrid_jax.model.plan import sublayer_kinds
+from hybrid_jax.model.plan import REMAT_MODES, sublayer_kinds
 from hybrid_jax.train.step.schedule import DECAY_SHAPES, SCHEDULES, decay_steps
 
 KERNEL_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
-REMAT_MODES = ("none", "mixer", "full")
 DATA_SOURCES = ("mock", "tokens", "megatron")
 WANDB_MODES = ("online", "offline")
 MAY_BE_ZERO = frozenset({"chunk_size"})  # 0: tuned per GPU and mixer

@@ -96,7 +96,7 @@ def preflight(config: ConfigDict, n_devices: int | None = None, *, force: bool =
 # bytes per parameter: float32 weights, gradients and the two AdamW moments; activations kept for the backward per
 # token, sublayer and hidden channel, by remat mode (a lower bound: the estimate must never refuse a step that fits)
 STATE_BYTES = 16
-ACTIVATION_BYTES = {"none": 12, "mixer": 8, "full": 2}
+ACTIVATION_BYTES = {"none": 12, "mixer": 8, "full": 2, "dots": 4}
 
 
 def device_memory_bytes() -> int | None:

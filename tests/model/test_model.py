@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from hybrid_jax.model import HybridLM, tied_logits
-from hybrid_jax.model.stack import REMAT_MODES as REMAT
+from hybrid_jax.model.plan import REMAT_MODES as REMAT
 from tests.conftest import load_config
 
 B, T = 2, 40
@@ -31,7 +31,8 @@ def jitted(model: HybridLM, fn):
 
 
 def loss_and_grad(model: HybridLM):
-    """A jitted ``tokens -> (next-token loss, grads of every Param)`` for ``model``."""
+    """A jitted ``tokens -> (next-token loss, grads of every Param)`` for ``model``; its ``temp_bytes(tokens)``: the
+    compiled function's temporary memory (what the backward keeps)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss(p, r, toks):
@@ -39,7 +40,9 @@ def loss_and_grad(model: HybridLM):
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), toks[:, 1:, None], axis=-1))
 
     f = jax.jit(jax.value_and_grad(loss))
-    return lambda toks: f(params, rest, toks)
+    run = lambda toks: f(params, rest, toks)  # noqa: E731
+    run.temp_bytes = lambda toks: f.lower(params, rest, toks).compile().memory_analysis().temp_size_in_bytes
+    return run
 
 
 def capture(model: HybridLM, toks: jax.Array) -> dict[str, jax.Array]:
@@ -146,14 +149,20 @@ def test_demo_forward_backward(demo_grads):
 
 
 def test_remat_changes_memory_not_numbers():
+    """``full`` keeps the least for the backward, ``dots`` (the projections' outputs too) more, ``none`` the most; the
+    loss and gradients are the same."""
     toks = tokens(demo_cfg(), (B, T + 1))
     remat = {mode: HybridLM(demo_cfg(pattern="*-G-", remat=mode), rngs=nnx.Rngs(0)) for mode in REMAT}
     assert [layer.remat for layer in remat["mixer"].layers] == [True, False, True, False]
-    assert all(layer.remat for layer in remat["full"].layers)
-    loss, grads = loss_and_grad(remat["none"])(toks)
-    loss_full, grads_full = loss_and_grad(remat["full"])(toks)
-    np.testing.assert_allclose(loss_full, loss, rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads_full, grads)
+    assert all(layer.remat for layer in remat["full"].layers) and all(layer.remat for layer in remat["dots"].layers)
+    fns = {mode: loss_and_grad(remat[mode]) for mode in ("none", "dots", "full")}
+    temp = {mode: fn.temp_bytes(toks) for mode, fn in fns.items()}
+    assert temp["full"] < temp["dots"] < temp["none"], temp
+    loss, grads = fns["none"](toks)
+    for mode in ("dots", "full"):
+        loss_r, grads_r = fns[mode](toks)
+        np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads_r, grads)
     with pytest.raises(ValueError, match="remat"):
         HybridLM(demo_cfg(remat="some"), rngs=nnx.Rngs(0))
 

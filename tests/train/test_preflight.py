@@ -50,7 +50,7 @@ BAD = [  # (overrides, the one line it must say)
     ({"model.vocab_size": 256}, r"model.vocab_size=256 is smaller than the 300 ids .* --config.model.vocab_size=300"),
     ({"data.tokenizer": "{tmp}/missing.model"}, r"data.tokenizer: tokenizer file .*missing.model' not found"),
     ({"data.tokenizer": "{other}"}, r"data.tokenizer=.*other/tokenizer.json is not the tokenizer .* prepared with"),
-    ({"model.remat": "all"}, r"model.remat='all' must be one of none, mixer, full"),
+    ({"model.remat": "all"}, r"model.remat='all' must be one of none, mixer, full, dots"),
     ({"model.kernel_impl": "triton"}, r"model.kernel_impl='triton' must be one of auto, xla, pallas"),
     ({"train.seq_len": 4096}, r"holds [\d,]+ tokens: \d+ windows of train.seq_len \+ 1 = 4097, fewer than one batch"),
     ({"data.validation_path": "{tmp}/val.txt"}, r"data.validation_path=.*val.txt not found"),
