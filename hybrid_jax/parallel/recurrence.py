@@ -169,7 +169,8 @@ def local_simple_gla(k: jax.Array, v: jax.Array, g: jax.Array, *, segment_ids: j
     where a document starts inside the shard).
 
     Args: ``k [B,T,H,K]``, ``v [B,T,HV,V]`` (``HV`` a multiple of ``H``: value head ``hv`` reads key head
-    ``hv // (HV / H)``), ``g [B,T,HV]`` (log decay per token), ``segment_ids [B,T]`` or None.
+    ``hv // (HV / H)``), ``g [B,T,HV]`` (log decay per token), ``segment_ids [B,T]`` (each token's document index,
+    non-decreasing along a row) or None.
     Returns ``(transition [B,HV] float32, S_local [B,HV,K,V] float32)``."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
