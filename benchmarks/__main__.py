@@ -45,6 +45,8 @@ PARTS = {  # name: (module, one line)
     "attention": ("benchmarks.attention", "causal attention: our Pallas flash kernel, cuDNN and impl='auto'"),
     "train": ("benchmarks.train_throughput", "training throughput of a config: tokens/s, MFU, peak memory "
               "(--profile: where the step's device time goes)"),
+    "mfu_goals": ("benchmarks.mfu_goals", "issue 50's training figures (300M, hybrids, 1B, 3B; mock and FineWeb) in "
+                  "one command against their MFU goals: one record"),
     "max_batch": ("benchmarks.max_batch", "the largest micro-batch per config and remat mode: by compiles, or "
                   "by real steps (--steps)"),
     "plan_memory": ("benchmarks.plan_memory", "per-device memory of a config's train step at a data x fsdp mesh, "
