@@ -127,8 +127,12 @@ class TokenWindows:
         window = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         high = int(window.max())
         if high >= self.vocab_size:
+            recorded = self.source.vocab_size
+            remedy = (f"its tokenizer has {recorded} tokens: set model.vocab_size to at least that, or train on data "
+                      "of the model's tokenizer" if recorded is not None and recorded > self.vocab_size
+                      else self.source.id_remedy)
             raise DatasetError(f"{self.source.path}: window {index} holds token id {high}, not below "
-                               f"model.vocab_size={self.vocab_size}; {self.source.id_remedy}")
+                               f"model.vocab_size={self.vocab_size}; {remedy}")
         if self._signed and (low := int(window.min())) < 0:
             raise DatasetError(f"{self.source.path}: window {index} holds the negative token id {low}: the dataset "
                                "is damaged or its index names the wrong dtype; tokenize it again")
