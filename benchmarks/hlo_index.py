@@ -106,7 +106,8 @@ def _common_prefix(paths: list[tuple[str, ...]]) -> int:
 
 
 class HloIndex:
-    """The instructions of an optimized HLO module text (``compiled.as_text()``), found by name or kernel name.
+    """The instructions of an optimized HLO module text (``compiled.as_text()``), found by name or kernel name;
+    ``computations`` (each one's instructions) and ``in_loops`` (those a while loop's body reaches).
 
     ``scopes[instruction]``: its :class:`Scope`. The Python frames all instructions share (the driver script, the
     jitted function's caller) are dropped from the paths, so a path starts inside the jitted function. The
@@ -121,6 +122,8 @@ class HloIndex:
         raw: dict[str, tuple[list[str], list[str], str, str]] = {}  # name -> (functions, scopes, op, source)
         fused: dict[str, list[str]] = collections.defaultdict(list)  # computation -> its instructions
         calls: dict[str, str] = {}  # fusion -> its computation
+        callees: dict[str, set[str]] = collections.defaultdict(set)  # computation -> those its instructions run
+        bodies: set[str] = set()  # while loops' bodies
         applied: set[str] = set()  # computations a reduce / sort / scatter applies
         aliases: dict[str, set[str]] = collections.defaultdict(set)  # kernel name -> instructions
         shapes: dict[str, list[tuple[int, ...]]] = {}  # name -> the dims of its result (each of a tuple's arrays)
@@ -161,6 +164,8 @@ class HloIndex:
             if c := re.search(r"\bcalls=%([\w.\-]+)", rest):
                 calls[name] = c.group(1)
             applied.update(re.findall(r"\bto_apply=%([\w.\-]+)", rest))
+            callees[computation].update(re.findall(r"\b(?:calls|body|condition|to_apply)=%([\w.\-]+)", rest))
+            bodies.update(re.findall(r"\bbody=%([\w.\-]+)", rest))
             if "custom_call_target" in rest and (k := re.search(r'"(?:kernel_)?name"\s*:\s*"([^"\\]+)"', rest)):
                 aliases[k.group(1)].add(name)  # a Pallas / Triton kernel's own name
         for name, comp in calls.items():  # a fusion without a scope of its own takes its deepest fused op's
@@ -177,6 +182,19 @@ class HloIndex:
             self.scopes[name] = Scope(tuple(kept + scopes), op, source)
         self.aliases = {k: sorted(v) for k, v in aliases.items()}
         self.instructions = self._with_fused(own, fused, calls)
+        self.computations = dict(fused)  # computation -> its instructions, in order
+        self.in_loops = self._reached(bodies, callees)
+
+    @staticmethod
+    def _reached(bodies: set[str], callees: dict[str, set[str]]) -> frozenset[str]:
+        """The computations a while loop's body reaches (run once per iteration): the bodies and every computation
+        they call, apply or loop over, nested."""
+        reached, todo = set(), list(bodies)
+        while todo:
+            if (name := todo.pop()) not in reached:
+                reached.add(name)
+                todo.extend(callees.get(name, ()))
+        return frozenset(reached)
 
     @staticmethod
     def _with_fused(own: dict[str, Instruction], computations: dict[str, list[str]], calls: dict[str, str]

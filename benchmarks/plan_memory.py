@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from typing import Any
@@ -46,6 +45,7 @@ from absl import logging
 from ml_collections import ConfigDict
 
 from benchmarks import configs, record
+from benchmarks.hlo_index import HloIndex
 from benchmarks.op_families import COLLECTIVES
 from hybrid_jax.model import count_params
 from hybrid_jax.train.trainer import build_trainer
@@ -114,26 +114,17 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
 
 def collective_counts(hlo: str) -> dict[str, dict[str, int]]:
     """``{"in_loops": {op: n}, "elsewhere": {op: n}}``: the collectives (``op_families.COLLECTIVES``) of a compiled
-    module's text, those in a computation a while loop's body reaches (run once per iteration: per micro-batch in the
-    accumulation scan; through ``calls=`` / ``to_apply=`` too, e.g. an async collective's wrapped computation) apart
-    from the rest (an async pair counts once, by its start)."""
-    blocks = {}
-    for block in re.split(r"\n(?=\S)", hlo):
-        if name := re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)", block):
-            blocks[name.group(1)] = block
-    called = {name: set(re.findall(r"\b(?:body|condition|calls|to_apply)=%?([\w.\-]+)", block))
-              for name, block in blocks.items()}
-    in_loops, todo = set(), [b for block in blocks.values() for b in re.findall(r"\bbody=%?([\w.\-]+)", block)]
-    while todo:
-        if (name := todo.pop()) not in in_loops:
-            in_loops.add(name)
-            todo.extend(called.get(name, ()))
+    module's text, those in a computation a while loop's body reaches (``HloIndex.in_loops``: run once per
+    iteration, per micro-batch in the accumulation scan; an async collective's wrapped computation too) apart from
+    the rest (an async pair counts once, by its start)."""
+    index = HloIndex(hlo)
     counts: dict[str, dict[str, int]] = {"in_loops": {}, "elsewhere": {}}
-    for name, block in blocks.items():
-        where = counts["in_loops" if name in in_loops else "elsewhere"]
-        for op in sorted(COLLECTIVES):
-            if n := len(re.findall(rf"\s{op}(?:-start)?\(", block)):
-                where[op] = where.get(op, 0) + n
+    for computation, names in index.computations.items():
+        where = counts["in_loops" if computation in index.in_loops else "elsewhere"]
+        for name in names:
+            op = index.instructions[name].opcode.removesuffix("-start")
+            if op in COLLECTIVES:
+                where[op] = where.get(op, 0) + 1
     return counts
 
 
