@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hybrid_jax.data.tokenizer import check_vocab
+
 
 class DatasetError(ValueError):
     """A token dataset that cannot be read as its index or manifest describes it; the message says what and what to
@@ -88,7 +90,8 @@ class TokenWindows:
 
     The tail shorter than ``length`` is dropped (no padding). Files are memory-mapped lazily in each process, so the
     object pickles cheaply into Grain worker processes. A window holding an id outside ``[0, vocab_size)`` is a
-    :class:`DatasetError` naming the dataset and the window.
+    :class:`DatasetError` naming the dataset and the window; a recorded vocabulary larger than ``vocab_size`` is one
+    when the windows are made.
 
     Args:
       source: an opened dataset.
@@ -97,6 +100,11 @@ class TokenWindows:
     """
 
     def __init__(self, source: TokenSource, length: int, vocab_size: int):
+        if source.vocab_size is not None:  # a recorded vocabulary the model does not cover: refused before a read
+            try:
+                check_vocab(vocab_size, source.vocab_size, what=f"the tokenizer of {source.path}")
+            except ValueError as e:
+                raise DatasetError(str(e)) from None
         self.source, self.length, self.vocab_size = source, length, vocab_size
         files = source.token_files()
         self._files = [(f.path, f.dtype) for f in files]
@@ -127,12 +135,8 @@ class TokenWindows:
         window = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         high = int(window.max())
         if high >= self.vocab_size:
-            recorded = self.source.vocab_size
-            remedy = (f"its tokenizer has {recorded} tokens: set model.vocab_size to at least that, or train on data "
-                      "of the model's tokenizer" if recorded is not None and recorded > self.vocab_size
-                      else self.source.id_remedy)
             raise DatasetError(f"{self.source.path}: window {index} holds token id {high}, not below "
-                               f"model.vocab_size={self.vocab_size}; {remedy}")
+                               f"model.vocab_size={self.vocab_size}; {self.source.id_remedy}")
         if self._signed and (low := int(window.min())) < 0:
             raise DatasetError(f"{self.source.path}: window {index} holds the negative token id {low}: the dataset "
                                "is damaged or its index names the wrong dtype; tokenize it again")

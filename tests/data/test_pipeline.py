@@ -83,8 +83,8 @@ def test_resume_from_a_position_gives_the_next_batch(dataset):
 
 def test_a_token_beyond_the_vocabulary_is_one_line_naming_the_data(dataset):
     """Without the trainer's up-front check (a stream opened directly), a model vocabulary smaller than the data's
-    tokenizer says so, not that the data is damaged."""
-    with pytest.raises(DatasetError, match=r"window \d+ holds token id 2\d\d, not below model.vocab_size=200; its "
-                                           r"tokenizer has \d+ tokens: set model.vocab_size to at least that"):
+    tokenizer says so when the stream opens, not that the data is damaged."""
+    with pytest.raises(DatasetError, match=r"^model.vocab_size=200 is smaller than the \d+ ids of the tokenizer of "
+                                           r"\S+: set --config.model.vocab_size=\d+"):
         for _ in range(4):
             next(_stream(_config(dataset, **{"model.vocab_size": 200})))
