@@ -38,16 +38,20 @@ from hybrid_jax.parallel import shards
 SUBLAYERS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
 # Attribute (and so parameter-path) name of the inner block, as Megatron names it.
 BLOCK_NAMES = {"mla": "self_attention", "gdn": "mixer", "kda": "mixer", "mamba2": "mixer", "mlp": "mlp"}
-# what a rematerialised sublayer keeps for the backward, by mode (None: only its input)
+# model.remat -> the sublayer kinds that recompute their forward in the backward, and what they keep (None: only
+# their input)
+REMAT_KINDS = {"none": (), "mixer": ("mla", "gdn", "kda", "mamba2"), "full": tuple(SUBLAYERS),
+               "dots": tuple(SUBLAYERS)}
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 class Sublayer(nnx.Module):
     """One pre-norm residual block ``x + f(norm(x))`` of kind ``mla|gdn|kda|mamba2|mlp``. ``[B,T,D] -> [B,T,D]``."""
 
-    def __init__(self, kind: str, cfg: ConfigDict, *, rngs: nnx.Rngs, remat: bool = False):
+    def __init__(self, kind: str, cfg: ConfigDict, *, rngs: nnx.Rngs):
         dtype, param_dtype = dtypes(cfg)
-        self.kind, self.remat, self.remat_mode = kind, remat, cfg.get("remat", "none")
+        self.kind, self.remat_mode = kind, cfg.get("remat", "none")
+        self.remat = kind in REMAT_KINDS[self.remat_mode]
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
         setattr(self, BLOCK_NAMES[kind], SUBLAYERS[kind](cfg, rngs=rngs))
 
@@ -135,11 +139,7 @@ class HybridLM(nnx.Module):
             raise ValueError(f"model.remat must be one of {REMAT_MODES}, got {model_cfg.remat!r}")
         self.plan = layer_plan(model_cfg)
         self.embed = make_embedding(model_cfg, rngs)
-        remat = {"none": (), "mixer": ("mla", "gdn", "kda", "mamba2"), "full": tuple(SUBLAYERS),
-                 "dots": tuple(SUBLAYERS)}[model_cfg.remat]
-        self.layers = nnx.List(
-            [Sublayer(kind, model_cfg, rngs=rngs, remat=kind in remat) for kind in sublayer_kinds(model_cfg)]
-        )
+        self.layers = nnx.List([Sublayer(kind, model_cfg, rngs=rngs) for kind in sublayer_kinds(model_cfg)])
         self.final_norm = make_final_norm(model_cfg)
         self.lm_head = None if model_cfg.tie_embeddings else make_output_head(model_cfg, rngs)
 

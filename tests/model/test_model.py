@@ -30,24 +30,28 @@ def jitted(model: HybridLM, fn):
     return lambda toks: f(state, toks)
 
 
-def loss_and_grad(model: HybridLM):
-    """A jitted ``tokens -> (next-token loss, grads of every Param)`` for ``model``; its ``compiled(tokens)``: ``(a
-    call of it on those tokens, compiled once, the compiled function's temporary bytes: what the backward keeps)``."""
+def _value_and_grad(model: HybridLM):
+    """``(jitted (params, rest, tokens) -> (next-token loss, grads of every Param), (params, rest))`` of ``model``."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss(p, r, toks):
         logits = nnx.merge(graphdef, p, r)(toks[:, :-1])
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), toks[:, 1:, None], axis=-1))
 
-    f = jax.jit(jax.value_and_grad(loss))
-    run = lambda toks: f(params, rest, toks)  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss)), (params, rest)
 
-    def compiled(toks):
-        c = f.lower(params, rest, toks).compile()
-        return (lambda: c(params, rest, toks)), c.memory_analysis().temp_size_in_bytes
 
-    run.compiled = compiled
-    return run
+def loss_and_grad(model: HybridLM):
+    """A jitted ``tokens -> (next-token loss, grads of every Param)`` for ``model``."""
+    f, state = _value_and_grad(model)
+    return lambda toks: f(*state, toks)
+
+
+def compiled_loss_and_grad(model: HybridLM, toks: jax.Array):
+    """``(a call of loss_and_grad on toks, compiled once; that compile's temporary bytes: what the backward keeps)``."""
+    f, state = _value_and_grad(model)
+    c = f.lower(*state, toks).compile()
+    return (lambda: c(*state, toks)), c.memory_analysis().temp_size_in_bytes
 
 
 def capture(model: HybridLM, toks: jax.Array) -> dict[str, jax.Array]:
@@ -160,7 +164,7 @@ def test_remat_changes_memory_not_numbers():
     remat = {mode: HybridLM(demo_cfg(pattern="*-G-", remat=mode), rngs=nnx.Rngs(0)) for mode in REMAT}
     assert [layer.remat for layer in remat["mixer"].layers] == [True, False, True, False]
     assert all(layer.remat for layer in remat["full"].layers) and all(layer.remat for layer in remat["dots"].layers)
-    runs = {mode: loss_and_grad(remat[mode]).compiled(toks) for mode in ("none", "dots", "full")}
+    runs = {mode: compiled_loss_and_grad(remat[mode], toks) for mode in ("none", "dots", "full")}
     temp = {mode: bytes_ for mode, (_, bytes_) in runs.items()}
     assert temp["full"] < temp["dots"] < temp["none"], temp
     loss, grads = runs["none"][0]()
