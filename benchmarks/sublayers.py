@@ -110,8 +110,7 @@ def benchmark(config: ConfigDict, *, batch: int, seq_len: int, repeats: int) -> 
     t_start = time.perf_counter()
     rows = {}
     for kind in dict.fromkeys(kinds):
-        remat = cfg.remat == "full" or (cfg.remat == "mixer" and kind != "mlp")
-        build = lambda kind=kind, remat=remat: Sublayer(kind, cfg, rngs=nnx.Rngs(0), remat=remat)
+        build = lambda kind=kind: Sublayer(kind, cfg, rngs=nnx.Rngs(0))  # remat as model.remat gives it
         params, matrix = matrix_params(build)
         fwd, fwd_bwd = time_module(build(), x, dy, repeats=repeats)
         flops = 3.0 * (2 * matrix + mixer_flops_per_token(kind, cfg, seq_len))
