@@ -323,6 +323,29 @@ ATTENTION: dict[tuple[str, int], AttentionConfig] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyConfig:
+    """The cross-entropy's softmax-gradient kernel (``kernels/cross_entropy.py``): ``rows`` logits rows per program
+    (reduced to a divisor of the chunk), each row swept in ``block_v``-wide column tiles."""
+
+    rows: int = 4
+    block_v: int = 1024
+    launch: Launch = Launch(4, 1)
+
+
+# Evidence: NOTES.md "cross-entropy kernel".
+CROSS_ENTROPY: dict[str, CrossEntropyConfig] = {
+    "sm90": CrossEntropyConfig(rows=4, block_v=1024, launch=Launch(4, 2)),
+    "gfx942": CrossEntropyConfig(rows=4, block_v=1024, launch=Launch(4, 1)),
+    "gfx950": CrossEntropyConfig(rows=4, block_v=1024, launch=Launch(4, 1)),
+}
+
+
+def cross_entropy_config(arch: str | None = None) -> CrossEntropyConfig:
+    """The softmax-gradient kernel's entry for ``arch`` (default: the current device)."""
+    return CROSS_ENTROPY.get(current_arch() if arch is None else arch, CrossEntropyConfig())
+
+
 def attention_config(arch: str | None = None, head_dim: int = 128) -> AttentionConfig:
     """The flash-attention config for ``arch`` (default: the current device, where the tuning file in use comes
     first) and a padded head dim."""

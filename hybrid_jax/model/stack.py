@@ -142,6 +142,7 @@ class HybridLM(nnx.Module):
         self.layers = nnx.List([Sublayer(kind, model_cfg, rngs=rngs) for kind in sublayer_kinds(model_cfg)])
         self.final_norm = make_final_norm(model_cfg)
         self.lm_head = None if model_cfg.tie_embeddings else make_output_head(model_cfg, rngs)
+        self.kernel_impl = model_cfg.kernel_impl  # the loss's kernels too (train.step.loss)
 
     @property
     def embedding(self) -> jax.Array:

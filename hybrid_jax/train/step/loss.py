@@ -17,20 +17,27 @@ that dtype, as FLA's fused linear cross-entropy keeps them: the element-wise pas
 log-sum-exp's two reductions, ``dlogits``) are memory-bound, and bfloat16 logits halve them (benchmarks/NOTES.md).
 The log-sum-exp and the softmax are computed in float32 from them; ``dlogits`` is rounded to ``h``'s dtype for its
 two matmuls, with the ``- onehot`` applied before that rounding (subtracting it afterwards would cancel the
-rounded target probability against 1 and lose the gradient of confident tokens). The target logit is a float32
-dot product of ``h`` and its target row, not read from the rounded logits.
+rounded target probability against 1 and lose the gradient of confident tokens). On a GPU one Pallas kernel computes
+the log-sum-exp and ``dlogits`` in two passes over the logits instead of XLA's three
+(:mod:`hybrid_jax.kernels.cross_entropy`). The target logit is a float32 dot product of ``h`` and its target row,
+not read from the rounded logits.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hybrid_jax.kernels.cross_entropy import softmax_grad
+
 F32 = jnp.float32
 
 
-def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chunk_size: int) -> jax.Array:
+def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chunk_size: int,
+                  impl: str = "auto") -> jax.Array:
     """Mean next-token cross-entropy (nats) of ``softmax(h @ embedding^T)`` against ``targets``.
 
     Args:
@@ -38,6 +45,7 @@ def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chu
       embedding: ``[V, D]`` the output matrix, ``HybridLM.output_embedding`` (cast to ``h.dtype`` for the matmuls).
       targets: ``[...]`` int token ids in ``[0, V)``.
       chunk_size: tokens per chunk (the last chunk is padded; padded tokens weigh 0).
+      impl: the softmax-gradient kernel's, as ``model.kernel_impl`` (:mod:`hybrid_jax.kernels.cross_entropy`).
     Returns:
       float32 scalar: the mean over all target tokens.
     """
@@ -50,7 +58,7 @@ def cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array, *, chu
     weight = jnp.pad(jnp.full((n,), 1.0 / n, F32), (0, pad)).reshape(n_chunks, chunk_size)
     h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n_chunks, chunk_size, d)
     targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, chunk_size)
-    return _chunked_ce(h, embedding.astype(h.dtype), targets, weight)
+    return _chunked_ce(h, embedding.astype(h.dtype), targets, weight, impl)
 
 
 def model_loss(model: nnx.Module, inputs: jax.Array, targets: jax.Array, segment_ids: jax.Array | None, *,
@@ -59,7 +67,8 @@ def model_loss(model: nnx.Module, inputs: jax.Array, targets: jax.Array, segment
     (``segment_ids [B,T]``: packed documents; ``context``: inside its ``shard_map``, the mesh axis the time axis is
     split over, the arrays then this shard's part); float32 scalar."""
     h = model.features(inputs, segment_ids, context=context)
-    return cross_entropy(h, jnp.asarray(model.output_embedding), targets, chunk_size=chunk_size)
+    return cross_entropy(h, jnp.asarray(model.output_embedding), targets, chunk_size=chunk_size,
+                         impl=model.kernel_impl)
 
 
 def plain_cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array) -> jax.Array:
@@ -82,23 +91,21 @@ def _loss(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array, lse
     return jnp.sum(weight * (lse - target_logits))
 
 
-@jax.custom_vjp
-def _chunked_ce(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array) -> jax.Array:
-    """``h [n, C, D]``, ``e [V, D]``, ``targets [n, C]``, ``weight [n, C]`` (1/N, 0 on padding) -> the loss."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _chunked_ce(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array, impl: str) -> jax.Array:
+    """``h [n, C, D]``, ``e [V, D]``, ``targets [n, C]``, ``weight [n, C]`` (1/N, 0 on padding) -> the loss;
+    ``impl``: the softmax-gradient kernel's (:func:`hybrid_jax.kernels.cross_entropy.softmax_grad`)."""
     lse = jax.lax.map(lambda h_c: jax.nn.logsumexp(_logits(h_c, e), axis=-1), h)
     return _loss(h, e, targets, weight, lse)
 
 
-def _chunked_ce_fwd(h, e, targets, weight):
+def _chunked_ce_fwd(h, e, targets, weight, impl):
     """The loss and, per chunk, ``dlogits = weight (softmax - onehot)``, ``dh = dlogits E``, ``dE += dlogits^T h``."""
-    ids = jnp.arange(e.shape[0])
 
     def body(de, xs):
         h_c, t_c, w_c = xs
-        logits = _logits(h_c, e)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        dlogits = (jnp.exp(logits - lse[:, None]) - (ids[None, :] == t_c[:, None])) * w_c[:, None]
-        dlogits = dlogits.astype(h.dtype)
+        logits = jnp.einsum("cd,vd->cv", h_c, e, preferred_element_type=h.dtype)
+        dlogits, lse = softmax_grad(logits, t_c, w_c, impl=impl)
         dh = jnp.einsum("cv,vd->cd", dlogits, e, preferred_element_type=F32).astype(h.dtype)
         return de + jnp.einsum("cv,cd->vd", dlogits, h_c, preferred_element_type=F32), (lse, dh)
 
@@ -106,7 +113,7 @@ def _chunked_ce_fwd(h, e, targets, weight):
     return _loss(h, e, targets, weight, lse), (dh, de.astype(e.dtype))
 
 
-def _chunked_ce_bwd(res, g):
+def _chunked_ce_bwd(impl, res, g):
     dh, de = res
     return (g * dh).astype(dh.dtype), (g * de).astype(de.dtype), None, None
 
