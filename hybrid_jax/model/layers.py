@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.kernels.swiglu import swiglu
 from hybrid_jax.parallel.shards import previous_tail
 
 Initializer = nnx.initializers.Initializer
@@ -232,18 +233,20 @@ class MLP(nnx.Module):
 
     ``linear_fc1`` is one ``[D, 2F]`` parameter (Megatron's layout), but ``gate`` and ``up`` are two matmuls on its
     halves: with one matmul split in two, the backward concatenates d(gate) and d(up) into a ``[B, T, 2F]`` tensor
-    for the weight and input gradients (its cost: benchmarks/NOTES.md)."""
+    for the weight and input gradients (its cost: benchmarks/NOTES.md). ``silu(gate) * up`` is
+    :func:`hybrid_jax.kernels.swiglu.swiglu` (its backward one Pallas kernel on a GPU)."""
 
     def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
         self.linear_fc1 = dense(cfg, cfg.hidden_size, 2 * cfg.ffn_size, rngs=rngs)
         self.linear_fc2 = dense(cfg, cfg.ffn_size, cfg.hidden_size, rngs=rngs)
+        self.kernel_impl = cfg.kernel_impl
 
     def __call__(self, x: jax.Array) -> jax.Array:
         fc1 = self.linear_fc1
         x, w = fc1.promote_dtype((x, fc1.kernel[...]), dtype=fc1.dtype)
         half = w.shape[1] // 2
         gate, up = jnp.dot(x, w[:, :half]), jnp.dot(x, w[:, half:])
-        return self.linear_fc2(jax.nn.silu(gate) * up)
+        return self.linear_fc2(swiglu(gate, up, impl=self.kernel_impl))
 
 
 # --------------------------------------------------------------------------------------------- recurrent helpers
