@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels import tuning
+from hybrid_jax.kernels.registry import pallas_or_xla
 
 F32 = jnp.float32
 
@@ -39,12 +40,9 @@ def softmax_grad(logits: jax.Array, targets: jax.Array, weight: jax.Array, *, im
     if logits.ndim != 2 or targets.shape != logits.shape[:1] or weight.shape != logits.shape[:1]:
         raise ValueError(f"softmax_grad: need logits [C,V], targets [C] and weight [C], got {logits.shape}, "
                          f"{targets.shape}, {weight.shape}")
-    if impl == "auto":
-        impl = "pallas" if jax.default_backend() == "gpu" else "xla"
-    if impl in ("xla", "naive"):
+    impl = pallas_or_xla(impl, "softmax_grad")
+    if impl == "xla":
         return softmax_grad_reference(logits, targets, weight)
-    if impl not in ("pallas", "pallas_interpret"):
-        raise ValueError(f"softmax_grad: impl must be auto | xla | naive | pallas | pallas_interpret, got {impl!r}")
     return _pallas(logits, targets.astype(jnp.int32), weight.astype(F32), config or tuning.cross_entropy_config(),
                    interpret=impl == "pallas_interpret")
 

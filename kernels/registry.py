@@ -128,6 +128,16 @@ def recurrent_op(per_key: bool, delta: bool) -> str:
     return next(op.name for op in OPS.values() if op.recurrent and (op.per_key, op.delta) == kind)
 
 
+def pallas_or_xla(impl: str, function: str) -> str:
+    """The form a kernel with one Pallas and one XLA form runs for ``impl`` (the loss's softmax gradient, SwiGLU's
+    backward): ``pallas``, ``pallas_interpret`` or ``xla`` (``auto``: Pallas on a GPU; ``naive``: the XLA form)."""
+    if impl not in IMPLS:
+        raise ValueError(f"{function}: impl must be one of {' | '.join(IMPLS)}, got {impl!r}")
+    if impl == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+    return "xla" if impl == "naive" else impl
+
+
 def implementation(op: str, impl: str) -> Callable:
     """``OPS[op]``'s implementation for ``impl`` (``auto``: Pallas on a GPU, else XLA); a ``ValueError`` for an
     unknown impl, ``NotImplementedError`` for one the op does not have."""

@@ -21,9 +21,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels import tuning
+from hybrid_jax.kernels.registry import pallas_or_xla
 
 F32 = jnp.float32
-IMPLS = ("auto", "xla", "naive", "pallas", "pallas_interpret")
 
 
 def swiglu(gate: jax.Array, up: jax.Array, *, impl: str = "auto") -> jax.Array:
@@ -31,11 +31,7 @@ def swiglu(gate: jax.Array, up: jax.Array, *, impl: str = "auto") -> jax.Array:
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"swiglu: gate and up must share shape and dtype, got {gate.dtype}{list(gate.shape)} and "
                          f"{up.dtype}{list(up.shape)}")
-    if impl not in IMPLS:
-        raise ValueError(f"swiglu: impl must be one of {' | '.join(IMPLS)}, got {impl!r}")
-    if impl == "auto":
-        impl = "pallas" if jax.default_backend() == "gpu" else "xla"
-    return _swiglu(gate, up, impl)
+    return _swiglu(gate, up, pallas_or_xla(impl, "swiglu"))
 
 
 def swiglu_backward_reference(dh: jax.Array, gate: jax.Array, up: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -61,7 +57,7 @@ def _swiglu_fwd(gate, up, impl):
 
 def _swiglu_bwd(impl, residuals, dh):
     gate, up = residuals
-    if impl in ("xla", "naive"):
+    if impl == "xla":
         return swiglu_backward_reference(dh, gate, up)
     return _pallas_backward(dh.astype(gate.dtype), gate, up, tuning.swiglu_config(),
                             interpret=impl == "pallas_interpret")
