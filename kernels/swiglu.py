@@ -59,7 +59,7 @@ def _swiglu_bwd(impl, residuals, dh):
     gate, up = residuals
     if impl == "xla":
         return swiglu_backward_reference(dh, gate, up)
-    return _pallas_backward(dh.astype(gate.dtype), gate, up, tuning.swiglu_config(),
+    return _pallas_backward(dh.astype(gate.dtype), gate, up, tuning.ElementwiseConfig(),
                             interpret=impl == "pallas_interpret")
 
 

@@ -333,33 +333,20 @@ class CrossEntropyConfig:
     launch: Launch = Launch(4, 1)
 
 
-# Evidence: NOTES.md "cross-entropy kernel".
+# Evidence: NOTES.md "cross-entropy kernel". Other GPUs (gfx942 and gfx950 too, untimed) take the defaults.
 CROSS_ENTROPY: dict[str, CrossEntropyConfig] = {
     "sm90": CrossEntropyConfig(rows=1, block_v=4096, launch=Launch(4, 2)),
-    "gfx942": CrossEntropyConfig(rows=4, block_v=1024, launch=Launch(4, 1)),
-    "gfx950": CrossEntropyConfig(rows=4, block_v=1024, launch=Launch(4, 1)),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class ElementwiseConfig:
-    """An element-wise kernel over a flattened tensor (``kernels/swiglu.py``): ``block`` elements per program."""
+    """An element-wise kernel over a flattened tensor (``kernels/swiglu.py``): ``block`` elements per program. One
+    launch for every GPU: on the H200 1,024-4,096 elements at 4 or 8 warps time alike (NOTES.md "SwiGLU backward
+    kernel")."""
 
     block: int = 2048
     launch: Launch = Launch(4, 1)
-
-
-# Evidence: NOTES.md "SwiGLU backward kernel".
-SWIGLU: dict[str, ElementwiseConfig] = {
-    "sm90": ElementwiseConfig(block=2048, launch=Launch(4, 1)),
-    "gfx942": ElementwiseConfig(block=2048, launch=Launch(4, 1)),
-    "gfx950": ElementwiseConfig(block=2048, launch=Launch(4, 1)),
-}
-
-
-def swiglu_config(arch: str | None = None) -> ElementwiseConfig:
-    """The SwiGLU backward kernel's entry for ``arch`` (default: the current device)."""
-    return SWIGLU.get(current_arch() if arch is None else arch, ElementwiseConfig())
 
 
 def cross_entropy_config(arch: str | None = None) -> CrossEntropyConfig:

@@ -19,8 +19,10 @@ from ml_collections import ConfigDict
 MLA, MIXER, MLP = "*", "M", "-"
 EXPLICIT_MIXERS = {"G": "gdn", "K": "kda", "S": "mamba2"}
 MIXERS = ("gdn", "kda", "mamba2")
-# model.remat: which sublayers recompute their forward in the backward, and what they keep (hybrid_jax.model.stack)
-REMAT_MODES = ("none", "mixer", "full", "dots")
+# model.remat -> the sublayer kinds that recompute their forward in the backward (what they keep: REMAT_POLICIES in
+# hybrid_jax.model.stack; only their input where it names none)
+REMAT_KINDS = {"none": (), "mixer": ("mla", *MIXERS), "full": ("mla", *MIXERS, "mlp"), "dots": ("mla", *MIXERS, "mlp")}
+REMAT_MODES = tuple(REMAT_KINDS)
 ALPHABET = MLA + MIXER + MLP + "".join(EXPLICIT_MIXERS)
 
 

@@ -32,16 +32,13 @@ from hybrid_jax.model.kda import KimiDeltaAttention
 from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, lookup, normal_init, sow
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA
-from hybrid_jax.model.plan import REMAT_MODES, layer_plan, sublayer_kinds
+from hybrid_jax.model.plan import REMAT_KINDS, REMAT_MODES, layer_plan, sublayer_kinds
 from hybrid_jax.parallel import shards
 
 SUBLAYERS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
 # Attribute (and so parameter-path) name of the inner block, as Megatron names it.
 BLOCK_NAMES = {"mla": "self_attention", "gdn": "mixer", "kda": "mixer", "mamba2": "mixer", "mlp": "mlp"}
-# model.remat -> the sublayer kinds that recompute their forward in the backward, and what they keep (None: only
-# their input)
-REMAT_KINDS = {"none": (), "mixer": ("mla", "gdn", "kda", "mamba2"), "full": tuple(SUBLAYERS),
-               "dots": tuple(SUBLAYERS)}
+# model.remat -> what a recomputed sublayer keeps besides its input (REMAT_KINDS: which sublayers recompute)
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 

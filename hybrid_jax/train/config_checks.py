@@ -10,10 +10,10 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from hybrid_jax.config import flat_items
+from hybrid_jax.kernels.registry import IMPLS
 from hybrid_jax.model.plan import REMAT_MODES, sublayer_kinds
 from hybrid_jax.train.step.schedule import DECAY_SHAPES, SCHEDULES, decay_steps
 
-KERNEL_IMPLS = ("auto", "xla", "pallas", "pallas_interpret", "naive")
 DATA_SOURCES = ("mock", "tokens", "megatron")
 WANDB_MODES = ("online", "offline")
 MAY_BE_ZERO = frozenset({"chunk_size"})  # 0: tuned per GPU and mixer
@@ -63,7 +63,7 @@ def check_model(model: ConfigDict) -> None:
             jnp.dtype(model[key])
         except TypeError:
             raise ConfigError(f"model.{key}={model[key]!r} is not a dtype (e.g. bfloat16, float32)") from None
-    _one_of("model.kernel_impl", model.kernel_impl, KERNEL_IMPLS)
+    _one_of("model.kernel_impl", model.kernel_impl, IMPLS)
     _one_of("model.remat", model.remat, REMAT_MODES)
     c = model.chunk_size
     if c != 0 and (c < 16 or c & (c - 1)):

@@ -79,9 +79,9 @@ def plain_cross_entropy(h: jax.Array, embedding: jax.Array, targets: jax.Array) 
 
 
 def _logits(h: jax.Array, e: jax.Array) -> jax.Array:
-    """Logits ``[C, V]`` of one chunk ``h [C, D]``: accumulated in float32, stored in ``h``'s dtype, read as float32
-    (the conversion fuses into the element-wise passes that read them)."""
-    return jnp.einsum("cd,vd->cv", h, e, preferred_element_type=h.dtype).astype(F32)
+    """Logits ``[C, V]`` of one chunk ``h [C, D]``: accumulated in float32, stored in ``h``'s dtype (read as float32
+    by the passes over them)."""
+    return jnp.einsum("cd,vd->cv", h, e, preferred_element_type=h.dtype)
 
 
 def _loss(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array, lse: jax.Array) -> jax.Array:
@@ -95,7 +95,7 @@ def _loss(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array, lse
 def _chunked_ce(h: jax.Array, e: jax.Array, targets: jax.Array, weight: jax.Array, impl: str) -> jax.Array:
     """``h [n, C, D]``, ``e [V, D]``, ``targets [n, C]``, ``weight [n, C]`` (1/N, 0 on padding) -> the loss;
     ``impl``: the softmax-gradient kernel's (:func:`hybrid_jax.kernels.cross_entropy.softmax_grad`)."""
-    lse = jax.lax.map(lambda h_c: jax.nn.logsumexp(_logits(h_c, e), axis=-1), h)
+    lse = jax.lax.map(lambda h_c: jax.nn.logsumexp(_logits(h_c, e).astype(F32), axis=-1), h)
     return _loss(h, e, targets, weight, lse)
 
 
@@ -104,8 +104,7 @@ def _chunked_ce_fwd(h, e, targets, weight, impl):
 
     def body(de, xs):
         h_c, t_c, w_c = xs
-        logits = jnp.einsum("cd,vd->cv", h_c, e, preferred_element_type=h.dtype)
-        dlogits, lse = softmax_grad(logits, t_c, w_c, impl=impl)
+        dlogits, lse = softmax_grad(_logits(h_c, e), t_c, w_c, impl=impl)
         dh = jnp.einsum("cv,vd->cd", dlogits, e, preferred_element_type=F32).astype(h.dtype)
         return de + jnp.einsum("cv,cd->vd", dlogits, h_c, preferred_element_type=F32), (lse, dh)
 
