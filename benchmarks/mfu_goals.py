@@ -7,7 +7,8 @@ Each figure is ``python -m benchmarks train`` (``benchmarks/train_throughput.py`
 own (one after the other: each takes the GPU's memory), its record ``mfu_<NAME>.json`` kept under ``$OUT/mfu_goals``.
 The figures (:data:`FIGURES`): 300M GDN on mock data and on a prepared FineWeb (``--fineweb``, Llama-3 tokens, the
 config's vocabulary), 300M KDA, the 300M GDN and Mamba2 hybrids (micro batch 32 x 2048), 1B GDN at micro batch 16,
-and the 3B at 8192 tokens (``--3b-micro-batch``, ``--3b-remat``). The record ``mfu_goals`` holds per figure ``mfu`` (a
+and the 3B at 8192 tokens (its config's micro batch 4 and ``model.remat=dots``, or ``--3b-micro-batch``,
+``--3b-remat``). The record ``mfu_goals`` holds per figure ``mfu`` (a
 fraction), ``tokens_per_s``, ``peak_memory_gib``, ``micro_batch_size``, its ``goal`` and whether it is ``met``, and
 ``fineweb_over_mock`` (goal: within 1%). A figure that fails or is skipped is named with why; the others stay.
 """
@@ -21,6 +22,7 @@ import subprocess
 import sys
 
 from benchmarks import record
+from hybrid_jax.model.plan import REMAT_MODES
 
 # name: (config, its overrides, MFU goal)
 FIGURES: dict[str, tuple[str, tuple[str, ...], float]] = {
@@ -43,7 +45,10 @@ def train_command(name: str, args: argparse.Namespace, out: pathlib.Path) -> lis
     if name == "300m_gdn_fineweb":
         extra.append(f"--config.data.path={args.fineweb}")
     if name == "3b_8192":
-        extra += [f"--config.train.micro_batch_size={args.micro_batch_3b}", f"--config.model.remat={args.remat_3b}"]
+        if args.micro_batch_3b is not None:
+            extra.append(f"--config.train.micro_batch_size={args.micro_batch_3b}")
+        if args.remat_3b is not None:
+            extra.append(f"--config.model.remat={args.remat_3b}")
     return [sys.executable, "-m", "benchmarks", "train", "--config", str(CONFIGS / f"{config}.py"), "--steps",
             str(args.steps), "--warmup", str(args.warmup), "--name", f"mfu_{name}", "--out", str(out), *extra]
 
@@ -89,9 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per figure")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     ap.add_argument("--only", nargs="+", choices=list(FIGURES), help="these figures only")
-    ap.add_argument("--3b-micro-batch", dest="micro_batch_3b", type=int, default=1)
-    ap.add_argument("--3b-remat", dest="remat_3b", default="full", help="model.remat of the 3B (none | mixer | "
-                                                                          "full | dots)")
+    ap.add_argument("--3b-micro-batch", dest="micro_batch_3b", type=int, default=None,
+                    help="the 3B's micro batch (default: its config's, 4)")
+    ap.add_argument("--3b-remat", dest="remat_3b", default=None, choices=REMAT_MODES,
+                    help="model.remat of the 3B (default: its config's, dots)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per figure")
     ap.add_argument("--collect", default=None, metavar="DIR", help="only build the record from DIR's train records")
     ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")

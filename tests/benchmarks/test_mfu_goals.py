@@ -38,6 +38,8 @@ def test_train_commands_and_bad_input(tmp_path):
                                                                          "--config.data.path=FW3"]
     assert mfu_goals.train_command("3b_8192", args, tmp_path)[-3:] == [
         "--config.train.seq_len=8192", "--config.train.micro_batch_size=2", "--config.model.remat=dots"]
+    default = SimpleNamespace(fineweb=None, steps=10, warmup=2, micro_batch_3b=None, remat_3b=None)
+    assert mfu_goals.train_command("3b_8192", default, tmp_path)[-1] == "--config.train.seq_len=8192"
     with pytest.raises(SystemExit):
         mfu_goals.main(["--fineweb", str(tmp_path / "none")])
     with pytest.raises(SystemExit):
