@@ -10,7 +10,8 @@ config's vocabulary), 300M KDA, the 300M GDN and Mamba2 hybrids (micro batch 32 
 and the 3B at 8192 tokens (its config's micro batch 4 and ``model.remat=dots``, or ``--3b-micro-batch``,
 ``--3b-remat``). The record ``mfu_goals`` holds per figure ``mfu`` (a
 fraction), ``tokens_per_s``, ``peak_memory_gib``, ``micro_batch_size``, its ``goal`` and whether it is ``met``, and
-``fineweb_over_mock`` (goal: within 1%). A figure that fails or is skipped is named with why; the others stay.
+``fineweb_over_mock`` (goal: within 1%), and ``step_s_halves``, the mean step time of each half of the timed steps
+(steady: about equal). A figure that fails or is skipped is named with why; the others stay.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def collect(directory: pathlib.Path, names: list[str], notes: dict[str, str]) ->
         figures[name] = dict(mfu=r["mfu"], tokens_per_s=r["tokens_per_s"], peak_memory_gib=r["peak_memory_gib"],
                              micro_batch_size=r["micro_batch_size"], seq_len=r["seq_len"], remat=r["remat"],
                              goal=goal, met=r["mfu"] is not None and r["mfu"] >= goal)
+        if r.get("step_s_halves"):  # the timed steps' two halves (records since they were timed so)
+            figures[name]["step_s_halves"] = r["step_s_halves"]
     mock, fineweb = figures.get("300m_gdn_mock"), figures.get("300m_gdn_fineweb")
     if mock and fineweb:
         ratio = fineweb["tokens_per_s"] / mock["tokens_per_s"]

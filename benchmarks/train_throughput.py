@@ -66,9 +66,13 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
     params_gib, opt_state_gib = resident_gib(state["params"]), resident_gib(state["opt_state"])
     first = run(warmup)
     setup_s = time.perf_counter() - t0
+    half = steps // 2  # timed in two halves (each ends on the device): whether the step time is steady
     t0 = time.perf_counter()
-    timed = run(steps)
+    timed = run(half)
+    t1 = time.perf_counter()
+    timed += run(steps - half)
     seconds = time.perf_counter() - t0
+    halves = [(t1 - t0) / half, (t0 + seconds - t1) / (steps - half)] if half else None
     trace = None
     if profile:
         from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
@@ -108,6 +112,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
         seq_len=config.train.seq_len,
         steps=steps,
         step_s=seconds / steps,
+        step_s_halves=halves,
         tokens_per_s=tokens / seconds,
         tokens_per_s_per_device=per_device,
         flops_per_token=fpt,

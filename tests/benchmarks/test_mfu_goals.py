@@ -8,22 +8,23 @@ import pytest
 from benchmarks import mfu_goals, record
 
 
-def _train_record(directory, name, tokens_per_s, mfu):
+def _train_record(directory, name, tokens_per_s, mfu, **more):
     record.save(f"mfu_{name}", dict(tokens_per_s=tokens_per_s, mfu=mfu, peak_memory_gib=40.0, micro_batch_size=32,
-                                    seq_len=2048, remat="none"), out=directory)
+                                    seq_len=2048, remat="none", **more), out=directory)
 
 
 def test_the_record_holds_each_figure_against_its_goal_and_names_what_is_missing(tmp_path, capsys):
     runs = tmp_path / "runs"
     _train_record(runs, "300m_gdn_mock", 266_000.0, 0.502)
     _train_record(runs, "300m_gdn_fineweb", 262_000.0, 0.494)
-    _train_record(runs, "1b_gdn", 70_000.0, 0.51)
+    _train_record(runs, "1b_gdn", 70_000.0, 0.51, step_s_halves=[0.47, 0.46])
     mfu_goals.main(["--collect", str(runs), "--only", "300m_gdn_mock", "300m_gdn_fineweb", "1b_gdn", "3b_8192",
                     "--out", str(tmp_path / "out")])
     figures = json.loads((tmp_path / "out" / "mfu_goals.json").read_text())["figures"]
     assert figures["300m_gdn_mock"] == dict(mfu=0.502, tokens_per_s=266_000.0, peak_memory_gib=40.0,
                                             micro_batch_size=32, seq_len=2048, remat="none", goal=0.50, met=True)
     assert not figures["300m_gdn_fineweb"]["met"] and not figures["1b_gdn"]["met"]
+    assert figures["1b_gdn"]["step_s_halves"] == [0.47, 0.46]
     assert figures["fineweb_over_mock"]["ratio"] == pytest.approx(262 / 266) and not figures["fineweb_over_mock"]["met"]
     assert figures["not_measured"] == {"3b_8192": "no record mfu_3b_8192.json"}
     out = capsys.readouterr().out
