@@ -147,3 +147,25 @@ def test_a_step_too_large_for_the_device_is_refused_before_anything_is_built(tmp
     assert preflight._check_memory(config, params, (1, 1, 8), force=False) is None  # sequence and moments over 8
     config.model.remat, config.train.micro_batch_size = "full", 1  # what the message suggests
     assert preflight._check_memory(config, params, (8, 1, 1), force=False) is None
+
+
+def test_memory_estimate_stays_under_the_measured_peaks(monkeypatch):
+    """The estimate is a lower bound: for the 3B at 8192 with ``model.remat=dots`` it passes at each measured peak
+    (benchmarks/results, one H200) and refuses a device of a little less than its own figure."""
+    from hybrid_jax.train import preflight
+    from tests.conftest import REPO, load_config
+
+    measured = json.loads((REPO / "benchmarks/results/2026-12-04_mfu_goals.json").read_text())
+    search = measured["figures"]["3b_8192_micro_batch_search"]
+    config = load_config("zebra_3b")
+    assert config.model.remat == "dots" and config.train.seq_len == 8192
+    params = preflight.abstract_params(config.model)
+    for name, figure in search.items():
+        if not name.startswith("micro_batch_"):
+            continue
+        config.train.micro_batch_size = int(name.removeprefix("micro_batch_"))
+        monkeypatch.setattr(preflight, "device_memory_bytes", lambda peak=figure["peak_memory_gib"]: int(peak * 2**30))
+        assert preflight._check_memory(config, params, (1, 1, 1), force=False) is None, name
+    monkeypatch.setattr(preflight, "device_memory_bytes", lambda: 60 << 30)  # micro batch 4 needs more than 60 GiB
+    with pytest.raises(ConfigError):
+        preflight._check_memory(config, params, (1, 1, 1), force=False)
