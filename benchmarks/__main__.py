@@ -45,6 +45,8 @@ PARTS = {  # name: (module, one line)
     "attention": ("benchmarks.attention", "causal attention: our Pallas flash kernel, cuDNN and impl='auto'"),
     "train": ("benchmarks.train_throughput", "training throughput of a config: tokens/s, MFU, peak memory "
               "(--profile: where the step's device time goes)"),
+    "train_ab": ("benchmarks.train_ab", "training throughput of two or more trees (a change and the tree before it), "
+                 "alternating in one command: one record with the ratios"),
     "mfu_goals": ("benchmarks.mfu_goals", "issue 50's training figures (300M, hybrids, 1B, 3B; mock and FineWeb) in "
                   "one command against their MFU goals: one record"),
     "max_batch": ("benchmarks.max_batch", "the largest micro-batch per config and remat mode: by compiles, or "
