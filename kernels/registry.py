@@ -128,13 +128,20 @@ def recurrent_op(per_key: bool, delta: bool) -> str:
     return next(op.name for op in OPS.values() if op.recurrent and (op.per_key, op.delta) == kind)
 
 
-def pallas_or_xla(impl: str, function: str) -> str:
-    """The form a kernel with one Pallas and one XLA form runs for ``impl`` (the loss's softmax gradient, SwiGLU's
-    backward): ``pallas``, ``pallas_interpret`` or ``xla`` (``auto``: Pallas on a GPU; ``naive``: the XLA form)."""
+def resolve_impl(impl: str, function: str, has_pallas: bool = True) -> str:
+    """``impl`` checked against :data:`IMPLS` (a ``ValueError`` naming ``function`` otherwise), ``auto`` resolved:
+    Pallas on a GPU where the function has it, else XLA."""
     if impl not in IMPLS:
         raise ValueError(f"{function}: impl must be one of {' | '.join(IMPLS)}, got {impl!r}")
     if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
+        return "pallas" if has_pallas and jax.default_backend() == "gpu" else "xla"
+    return impl
+
+
+def pallas_or_xla(impl: str, function: str) -> str:
+    """The form a kernel with one Pallas and one XLA form runs for ``impl`` (the loss's softmax gradient, SwiGLU's
+    backward): ``pallas``, ``pallas_interpret`` or ``xla`` (``naive``: the XLA form)."""
+    impl = resolve_impl(impl, function)
     return "xla" if impl == "naive" else impl
 
 
@@ -142,10 +149,7 @@ def implementation(op: str, impl: str) -> Callable:
     """``OPS[op]``'s implementation for ``impl`` (``auto``: Pallas on a GPU, else XLA); a ``ValueError`` for an
     unknown impl, ``NotImplementedError`` for one the op does not have."""
     entry = OPS[op]
-    if impl not in IMPLS:
-        raise ValueError(f"{entry.function}: impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        impl = "pallas" if jax.default_backend() == "gpu" and "pallas" in entry.implementations else "xla"
+    impl = resolve_impl(impl, entry.function, "pallas" in entry.implementations)
     if impl not in entry.implementations:
         raise NotImplementedError(f"{entry.function}: impl={impl!r} is not available "
                                   f"(have {tuple(entry.implementations)})")
