@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks.processes import run_process
 from benchmarks.record import out_dir
 
 PARTS = {  # name: (module, one line)
@@ -99,11 +100,10 @@ def run(argv: list[str]) -> int:
         failed = 0
         for c in commands:
             print(f"=== {shlex.join(c)} {time.strftime('%H:%M:%S')}", flush=True)
-            try:
-                failed += subprocess.run(python + c, timeout=args.timeout).returncode != 0
-            except subprocess.TimeoutExpired:
-                print(f"=== {c[0]}: past its {args.timeout:.0f} s", flush=True)
-                failed += 1
+            rc = run_process(python + c, timeout=args.timeout)
+            if isinstance(rc, str):
+                print(f"=== {c[0]}: {rc}", flush=True)
+            failed += rc != 0
         return int(failed > 0)
     out, procs = out_dir(), []
     for i, c in enumerate(commands):

@@ -8,10 +8,10 @@ own (one after the other: each takes the GPU's memory), its record ``mfu_<NAME>.
 The figures (:data:`FIGURES`): 300M GDN on mock data and on a prepared FineWeb (``--fineweb``, Llama-3 tokens, the
 config's vocabulary), 300M KDA, the 300M GDN and Mamba2 hybrids (micro batch 32 x 2048), 1B GDN at micro batch 16,
 and the 3B at 8192 tokens (its config's micro batch 4 and ``model.remat=dots``, or ``--3b-micro-batch``,
-``--3b-remat``). The record ``mfu_goals`` holds per figure ``mfu`` (a
-fraction), ``tokens_per_s``, ``peak_memory_gib``, ``micro_batch_size``, its ``goal`` and whether it is ``met``, and
-``fineweb_over_mock`` (goal: within 1%), and ``step_s_halves``, the mean step time of each half of the timed steps
-(steady: about equal). A figure that fails or is skipped is named with why; the others stay.
+``--3b-remat``). The record ``mfu_goals`` holds per figure ``mfu`` (a fraction), ``tokens_per_s``,
+``peak_memory_gib``, ``micro_batch_size``, its ``goal``, whether it is ``met`` and ``step_s_halves`` (the mean step
+time of each half of the timed steps: about equal when steady), and ``fineweb_over_mock`` (goal: within 1%). A figure
+that fails or is skipped is named with why; the others stay.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
 
 from benchmarks import record
+from benchmarks.processes import run_process
 from hybrid_jax.model.plan import REMAT_MODES
 
 # name: (config, its overrides, MFU goal)
@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             cmd = train_command(name, args, directory)
             print(f"=== {name}: {' '.join(cmd[2:])}", flush=True)
-            try:
-                rc = subprocess.run(cmd, timeout=args.timeout, stdout=subprocess.DEVNULL).returncode
-            except subprocess.TimeoutExpired:
-                rc = f"past its {args.timeout:.0f} s"
+            rc = run_process(cmd, timeout=args.timeout, quiet=True)
             if rc != 0:
                 notes[name] = f"failed: {rc}"
     figures = collect(directory, names, notes)

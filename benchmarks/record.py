@@ -48,10 +48,16 @@ def commit() -> tuple[str, bool | None]:
     set (a copy of the tree, as on the GPU machine, may carry a ``.git`` of another commit), else git's."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"], None
+    return git_head(ROOT)
+
+
+def git_head(root: str | os.PathLike) -> tuple[str, bool | None]:
+    """The commit checked out at ``root`` and whether its tracked files differ from it (``("unknown", None)`` where
+    git cannot say: no checkout there, or no git)."""
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True, timeout=10, check=True).stdout
         return head, bool(status.strip())
     except (OSError, subprocess.SubprocessError):

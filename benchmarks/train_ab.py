@@ -21,10 +21,10 @@ import dataclasses
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 
 from benchmarks import record
+from benchmarks.processes import run_process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,13 +41,7 @@ def parse_tree(spec: str) -> Tree:
         raise ValueError(f"--tree {spec!r}: expected NAME=DIR or NAME=DIR@COMMIT")
     path, _, commit = where.partition("@")
     path = pathlib.Path(path).resolve()
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, timeout=10, check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            commit = "unknown"
-    return Tree(name, path, commit)
+    return Tree(name, path, commit or record.git_head(path)[0][:7])
 
 
 def train_command(tree: Tree, args: argparse.Namespace, round_: int, out: pathlib.Path) -> list[str]:
@@ -67,11 +61,7 @@ def tree_env(tree: Tree) -> dict[str, str]:
 
 def run_train(cmd: list[str], tree: Tree, timeout: float) -> int | str:
     """Run ``cmd`` in ``tree``: its exit status, or why it stopped."""
-    try:
-        return subprocess.run(cmd, cwd=tree.path, env=tree_env(tree), timeout=timeout,
-                              stdout=subprocess.DEVNULL).returncode
-    except subprocess.TimeoutExpired:
-        return f"past its {timeout:.0f} s"
+    return run_process(cmd, timeout=timeout, cwd=tree.path, env=tree_env(tree), quiet=True)
 
 
 def collect(trees: list[Tree], rounds: int, out: pathlib.Path, failed: dict[str, str]) -> dict:

@@ -71,8 +71,9 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
     timed = run(half)
     t1 = time.perf_counter()
     timed += run(steps - half)
-    seconds = time.perf_counter() - t0
-    halves = [(t1 - t0) / half, (t0 + seconds - t1) / (steps - half)] if half else None
+    t2 = time.perf_counter()
+    seconds = t2 - t0
+    halves = [(t1 - t0) / half, (t2 - t1) / (steps - half)] if half else None
     trace = None
     if profile:
         from benchmarks.trace_summary import HLO_FILE, format_summary, summarize
