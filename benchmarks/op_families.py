@@ -129,9 +129,10 @@ def family_table(rows: Iterable[tuple[str, float, float]], steps: int = 1) -> li
 
 def format_families(table: list[dict], steps: int) -> list[str]:
     """The family table as text lines: ms per step, share, TFLOP/s of the matmul families (with their matmuls'
-    time)."""
+    time), under each family its three biggest ops (a row's ``top_ops``, where the table has them)."""
     lines = [f"by op family (per step, {steps} traced; TFLOP/s: the family's matmul FLOPs over those events' time):"]
     for r in table:
         rate = f"  {r['tflops']:7.4g} TFLOP/s over {r['matmul_ms']:.3f} ms" if r["tflops"] is not None else ""
         lines.append(f"  {r['name']:<20} {r['ms']:9.3f} ms {100 * r['share']:5.1f}%{rate}")
+        lines += [f"      {o['ms']:9.3f} ms  {o['name'][:60]}" for o in r.get("top_ops", [])[:3]]
     return lines

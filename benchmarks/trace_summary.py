@@ -50,6 +50,7 @@ TRANSFER_ARGS = {"Memset_details", "memcpy_details"}
 CATEGORY_FAMILY = {"pallas recurrent": "recurrent kernels", "pallas attention": "attention",
                    "collective": "collectives"}
 SAMPLE_EVENTS = 30
+FAMILY_TOP = 5  # the ops kept per op family (``families[i]["top_ops"]``)
 
 
 def find_trace(path: str | Path) -> Path:
@@ -123,7 +124,8 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
     [tree rows], "families": [rows], "steps", "hlo", "arg_keys": {key: events}, "arg_sample": [{name, dur, args}]}``
     of a trace. ``hlo``: the step's HLO text file (default: ``step_hlo.txt`` next to the trace, if any); without it
     ``scopes`` is empty and ``families`` None. ``families``: :func:`benchmarks.op_families.family_table` per step of
-    the ``steps`` the trace holds."""
+    the ``steps`` the trace holds, each row with ``top_ops``: its :data:`FAMILY_TOP` biggest ops ``{name, ms, count,
+    scope}`` per step."""
     path = find_trace(trace)
     if hlo is None:
         near = [Path(trace) / HLO_FILE] if Path(trace).is_dir() else []
@@ -152,6 +154,7 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
     by_path: dict[tuple[str, ...], float] = collections.defaultdict(float)
     family: dict[str, str] = {}  # event name -> family (of its first event)
     family_rows: list[tuple[str, float, float]] = []  # (family, ms, flops) per event
+    family_ops: dict[tuple[str, str], list] = collections.defaultdict(lambda: [0.0, 0])  # (family, name): [ms, n]
     resolved: dict[tuple[str, ...], tuple] = {}  # instructions -> (their scope, family, FLOPs)
     arg_keys: collections.Counter = collections.Counter()
     sample = []
@@ -176,6 +179,8 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
             fam, flops = resolved[names][1:] if names else (CATEGORY_FAMILY.get(category(name), "other"), 0.0)
             # a gemm's memset or copy runs under its instruction too: its time is the family's, its FLOPs are not
             family_rows.append((fam, ms, 0.0 if TRANSFER_ARGS & args.keys() else flops))
+            family_ops[fam, name][0] += ms
+            family_ops[fam, name][1] += 1
             family.setdefault(name, fam)
         if found and name not in scope:
             scope[name], op[name] = found.label(), found.op
@@ -189,6 +194,10 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
     ops = [dict(name=n, ms=ms, share=ms / busy if busy else 0.0, count=count[n], scope=scope.get(n, ""),
                 family=family.get(n, "")) for n, ms in sorted(total.items(), key=lambda kv: -kv[1])[:top]]
     families = op_families.family_table(family_rows, steps) if index else None
+    for row in families or []:  # each family's biggest ops, per step
+        mine = sorted(((n, t) for (f, n), t in family_ops.items() if f == row["name"]), key=lambda x: -x[1][0])
+        row["top_ops"] = [dict(name=n, ms=ms / steps, count=c / steps, scope=scope.get(n, ""))
+                          for n, (ms, c) in mine[:FAMILY_TOP]]
     return dict(busy_ms=busy, source=source, ops=ops, categories=dict(sorted(cats.items(), key=lambda kv: -kv[1])),
                 scopes=scope_tree(by_path, busy), families=families, steps=steps, hlo=str(hlo) if hlo else None,
                 arg_keys=dict(arg_keys.most_common()), arg_sample=sample)

@@ -263,6 +263,13 @@ def test_op_families_of_a_gpu_step(tmp_path, capsys):
         assert family[name]["ms"] == pytest.approx(expected[name], abs=1e-12), name
     assert sum(r["share"] for r in s["families"]) == pytest.approx(1.0)
     assert sum(r["ms"] for r in s["families"]) == pytest.approx(s["busy_ms"] / 2)
+    for name in FAMILIES:  # each family's ops: in it, biggest first, the family's time when all are listed
+        top = family[name]["top_ops"]
+        assert [o["ms"] for o in top] == sorted((o["ms"] for o in top), reverse=True), name
+        if len(top) < 5:
+            assert sum(o["ms"] for o in top) == pytest.approx(family[name]["ms"], abs=1e-12), name
+    assert {o["name"]: o["count"] for o in family["MLP matmuls"]["top_ops"]} == {
+        f"kernel_{i}": 1.0 for i, op in enumerate(STEP_OPS) if op[3] == "MLP matmuls"} | {"Memset 3": 1.0}
     ops = {o["name"]: o["family"] for o in s["ops"]}
     assert ops == {"Memcpy DtoD": "other", "Memset 3": "MLP matmuls"} | {
         f"kernel_{i}": op[3] for i, op in enumerate(STEP_OPS)}
