@@ -15,8 +15,8 @@ from (its :class:`~benchmarks.hlo_index.Scope`):
 2. a copy, transpose or other pure data movement (a fusion of such ops only) is "copies/transposes";
 3. otherwise the innermost element of its scope path (a frame's function or class, or a named scope) that names a
    part of the model or step (:data:`MARKERS`) decides: the MLP and the mixers split into their matmuls (a ``dot``,
-   a gemm or cuDNN call, a fusion with a dot) and the rest; an op in the loss function but in no finer part (the
-   residual adds) is "other";
+   a gemm or cuDNN call, a fusion with a dot) and the rest; an op in the loss function or a ``Sublayer`` but in no
+   finer part (the residual adds, also those a remat recomputes) is "other";
 4. an op with a scope but no marker is "optimizer" (in a train step all outside the loss is the update); an op
    without a scope (a copy XLA added) is "other".
 
@@ -47,6 +47,9 @@ MARKERS = {
     "chunk_gated_delta_rule": "recurrent", "chunk_kda": "recurrent", "chunk_simple_gla": "recurrent",  # kernels
     "attention": "attention",  # kernels.api (MLA, also its context-parallel form)
     "batch_loss": "loss", "context_batch_loss": "loss",  # hybrid_jax.train.step
+    # the residual stream (hybrid_jax.model.stack): a rematerialised sublayer's recomputed ops carry the frames from
+    # the remat wrapper in, not the loss's, so its residual add would otherwise read as the optimizer's
+    "Sublayer": "loss",
 }
 # a marker's family: (for its matmuls, for the rest)
 FAMILY_OF = {

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import configs
 from benchmarks.hlo_index import HloIndex, parse_op_name
-from benchmarks.op_families import FAMILIES, MARKERS, MATMUL_FAMILIES
+from benchmarks.op_families import FAMILIES, MARKERS, MATMUL_FAMILIES, marker
 from benchmarks.trace_summary import HLO_FILE, format_summary, main, summarize
 from benchmarks.train_throughput import benchmark
 
@@ -297,9 +297,19 @@ def test_family_markers_name_the_model_code():
 
     named = [loss.cross_entropy, stack.tied_logits, layers.lookup, layers.RMSNorm, layers.GroupRMSNorm,
              layers.rms_normalize, kernels.chunk_gated_delta_rule, kernels.chunk_kda, kernels.chunk_simple_gla,
-             kernels.attention, train_step.batch_loss, context_loss.context_batch_loss,
+             kernels.attention, train_step.batch_loss, context_loss.context_batch_loss, stack.Sublayer,
              *stack.SUBLAYERS.values()]
     assert {f.__name__ for f in named} == set(MARKERS)
+
+
+def test_a_rematerialised_sublayers_ops_stay_the_models():
+    """Under ``model.remat`` the recomputed forward's scope starts at JAX's remat wrapper (as a CPU trace of the demo
+    at remat=full reads): its residual add is the model's ("other"), not the optimizer's; its mixer ops the mixer's;
+    AdamW's ops still the optimizer's."""
+    remat = ("merge_inputs.merge_inputs_wrapper", "Sublayer.residual")
+    assert marker(remat) == "loss" and marker((*remat, "Mamba2._mix", "GroupRMSNorm")) == "norm"
+    assert marker((*remat, "Mamba2._mix")) == "mixer"
+    assert marker(("step", "chain.update_fn", "scale_by_adam.update_fn")) is None  # rule 4: the optimizer
 
 
 def test_op_families_of_a_real_train_step_on_cpu(tmp_path):
