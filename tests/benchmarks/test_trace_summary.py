@@ -14,7 +14,7 @@ import pytest
 from benchmarks import configs
 from benchmarks.hlo_index import HloIndex, parse_op_name
 from benchmarks.op_families import FAMILIES, MARKERS, MATMUL_FAMILIES, marker
-from benchmarks.trace_summary import HLO_FILE, format_summary, main, summarize
+from benchmarks.trace_summary import FAMILY_TOP, HLO_FILE, format_summary, main, summarize
 from benchmarks.train_throughput import benchmark
 
 # a GPU-style optimized HLO module (the long attributes filled in below): a loop fusion, a fusion whose scope is
@@ -266,7 +266,7 @@ def test_op_families_of_a_gpu_step(tmp_path, capsys):
     for name in FAMILIES:  # each family's ops: in it, biggest first, the family's time when all are listed
         top = family[name]["top_ops"]
         assert [o["ms"] for o in top] == sorted((o["ms"] for o in top), reverse=True), name
-        if len(top) < 5:
+        if len(top) < FAMILY_TOP:
             assert sum(o["ms"] for o in top) == pytest.approx(family[name]["ms"], abs=1e-12), name
     assert {o["name"]: o["count"] for o in family["MLP matmuls"]["top_ops"]} == {
         f"kernel_{i}": 1.0 for i, op in enumerate(STEP_OPS) if op[3] == "MLP matmuls"} | {"Memset 3": 1.0}
