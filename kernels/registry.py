@@ -140,7 +140,7 @@ def resolve_impl(impl: str, function: str, has_pallas: bool = True) -> str:
 
 def pallas_or_xla(impl: str, function: str) -> str:
     """The form a kernel with one Pallas and one XLA form runs for ``impl`` (the loss's softmax gradient, SwiGLU's
-    backward): ``pallas``, ``pallas_interpret`` or ``xla`` (``naive``: the XLA form)."""
+    backward, the short conv's backward): ``pallas``, ``pallas_interpret`` or ``xla`` (``naive``: the XLA form)."""
     impl = resolve_impl(impl, function)
     return "xla" if impl == "naive" else impl
 

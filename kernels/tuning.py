@@ -349,6 +349,18 @@ class ElementwiseConfig:
     launch: Launch = Launch(4, 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShortConvConfig:
+    """The short conv's backward kernel (``kernels/short_conv.py``): a ``rows x channels`` tile of ``dxp`` per program
+    (powers of two), which also loads the ``K-1`` rows on either side. One launch for every GPU, untimed; compiled
+    offline at K=4 with a bias and documents, no spills (sm90: 174 registers; gfx942, gfx950: 94 VGPRs; at 4 warps
+    sm90 needs 255)."""
+
+    rows: int = 32
+    channels: int = 64
+    launch: Launch = Launch(8, 1)
+
+
 def cross_entropy_config(arch: str | None = None) -> CrossEntropyConfig:
     """The softmax-gradient kernel's entry for ``arch`` (default: the current device)."""
     return CROSS_ENTROPY.get(current_arch() if arch is None else arch, CrossEntropyConfig())

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from hybrid_jax.kernels.recurrent import backward as recurrent_backward
 from hybrid_jax.kernels.recurrent import forward as recurrent_forward
+from hybrid_jax.kernels.short_conv import short_conv_silu
 from hybrid_jax.kernels.tooling.lowering import TARGETS, TRITON_CALL, kernel_case, lower
 from hybrid_jax.kernels.tooling.problems import Problem
 from hybrid_jax.kernels.tuning import fit_stages, override, recurrent_config
@@ -89,6 +92,22 @@ def test_lowers_to_triton(case: Lowering, arch: str):
     fn, args = kernel_case(case.problem, arch, case.variant, initial_state=case.problem.recurrent,
                            segments=case.segments)
     assert lower(fn, args, arch).count(TRITON_CALL) >= case.triton_calls(arch)
+
+
+@pytest.mark.parametrize("arch", list(TARGETS))
+@pytest.mark.parametrize("use_bias, documents", [(True, True), (False, False)], ids=["bias_documents", "plain"])
+def test_short_conv_backward_is_one_triton_call(arch: str, use_bias: bool, documents: bool):
+    """The short conv's gradient (K 4, T 300 and C 200: ragged tiles) is one Pallas launch, for Mamba2's conv (a bias)
+    with packed documents and for GDN's and KDA's (no bias) without."""
+    B, T, C, K = 2, 300, 200, 4
+    ids = jax.ShapeDtypeStruct((B, K - 1 + T), jnp.int32) if documents else None
+    args = (jax.ShapeDtypeStruct((B, K - 1 + T, C), jnp.float32), jax.ShapeDtypeStruct((K, C), jnp.float32),
+            jax.ShapeDtypeStruct((C,), jnp.float32) if use_bias else None, ids)
+
+    def loss(xp, w, bias, ids):
+        return short_conv_silu(xp, w, bias, ids, out_dtype=jnp.bfloat16, impl="pallas").astype(jnp.float32).sum()
+
+    assert lower(jax.grad(loss, argnums=(0, 1, 2)), args, arch).count(TRITON_CALL) == 1
 
 
 @pytest.mark.parametrize("op, K, V, chunk, stages", [

@@ -1,0 +1,77 @@
+"""The short conv's backward kernel (interpret mode) and its XLA form against autodiff of the conv written out (the
+arithmetic ``ShortConv`` had before it had a kernel), at a ragged T and C, with and without a bias and documents."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.kernels import tuning
+from hybrid_jax.kernels.short_conv import _pallas_backward, short_conv_backward_reference, short_conv_silu
+
+B, T, K = 2, 37, 4
+
+
+def conv_autodiff(xp, w, bias, same_doc, out_dtype):
+    """The plain conv: tap j of output t reads ``xp[t+j]`` (zero where ``same_doc[j]`` is False), SiLU in float32."""
+    taps = [xp[:, j : j + T] for j in range(K)]
+    if same_doc is not None:
+        taps = [jnp.where(keep, tap, 0.0) for tap, keep in zip(taps, same_doc, strict=True)]
+    y = sum(tap * w[j] for j, tap in enumerate(taps))
+    if bias is not None:
+        y = y + bias
+    return jax.nn.silu(y).astype(out_dtype)
+
+
+def inputs(C: int, use_bias: bool, documents: bool, out_dtype):
+    kx, kw, kb, kd = jax.random.split(jax.random.key(C), 4)
+    xp = 2.0 * jax.random.normal(kx, (B, K - 1 + T, C))
+    w = jax.random.normal(kw, (K, C))
+    bias = jax.random.normal(kb, (C,)) if use_bias else None
+    dy = jax.random.normal(kd, (B, T, C)).astype(out_dtype)
+    ids = same_doc = None
+    if documents:  # row 0: documents starting at 0, 10 and 11 (one token long); row 1: at 0 and 30
+        segment_ids = jnp.asarray([[0] * 10 + [1] + [2] * 26, [5] * 30 + [6] * 7], jnp.int32)
+        ids = jnp.pad(segment_ids, ((0, 0), (K - 1, 0)), constant_values=-1)  # as ShortConv pads them
+        same_doc = [(ids[:, j : j + T] == segment_ids)[..., None] for j in range(K)]
+    return xp, w, bias, ids, same_doc, dy
+
+
+@pytest.mark.parametrize("C", [48, 100])
+@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("documents", [False, True])
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_gradients_match_autodiff(C, use_bias, documents, out_dtype):
+    """T 37 (K-1+T = 40 rows: two row blocks, the second ragged), C 48 or 100 (ragged channel blocks); bfloat16: the
+    output rounded once, the gradients still float32 arithmetic from the same ``dy``."""
+    assert (K - 1 + T) % tuning.ShortConvConfig().rows and C % tuning.ShortConvConfig().channels
+    xp, w, bias, ids, same_doc, dy = inputs(C, use_bias, documents, out_dtype)
+    args = (xp, w) if bias is None else (xp, w, bias)
+    want_y, vjp = jax.vjp(lambda xp, w, b=None: conv_autodiff(xp, w, b, same_doc, out_dtype), *args)
+    want = vjp(dy)
+    tol_y = 1e-5 if out_dtype == jnp.float32 else 8e-3
+    for impl in ("pallas_interpret", "xla"):
+        y, vjp = jax.vjp(lambda xp, w, b=None, impl=impl: short_conv_silu(xp, w, b, ids, out_dtype=out_dtype,
+                                                                           impl=impl), *args)
+        assert y.dtype == out_dtype and y.shape == (B, T, C)
+        np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want_y, np.float32), rtol=tol_y,
+                                   atol=tol_y)
+        for got, ref in zip(vjp(dy), want, strict=True):
+            assert got.dtype == ref.dtype and got.shape == ref.shape
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_kernel_matches_its_reference():
+    """The kernel's ``(dxp, dw, dbias)`` against the XLA form at a tile of 16 x 32 (three row blocks)."""
+    xp, w, bias, ids, _, dy = inputs(48, True, True, jnp.bfloat16)
+    config = tuning.ShortConvConfig(rows=16, channels=32)
+    got = _pallas_backward(dy, xp, w, bias, ids, config, interpret=True)
+    for g, ref in zip(got, short_conv_backward_reference(dy, xp, w, bias, ids), strict=True):
+        np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_bad_input_is_one_line():
+    with pytest.raises(ValueError, match="need xp"):
+        short_conv_silu(jnp.zeros((2, 6, 3)), jnp.zeros((4, 5)), None, None, out_dtype=jnp.float32)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        short_conv_silu(jnp.zeros((2, 6, 3)), jnp.zeros((4, 3)), None, None, out_dtype=jnp.float32, impl="triton")
