@@ -26,7 +26,7 @@ MEANINGS: dict[str, str] = {
     "model.init_std": "standard deviation of the normal weight init",
     "model.param_dtype": "dtype of the master weights (float32)",
     "model.dtype": "compute dtype (bfloat16 on GPU; float32 on CPU tests)",
-    "model.kernel_impl": "kernels (recurrences, attention, loss, SwiGLU): auto|xla|pallas|pallas_interpret|naive",
+    "model.kernel_impl": "kernels (recurrences, attention, loss, SwiGLU, conv): auto|xla|pallas|pallas_interpret|naive",
     "model.chunk_size": "recurrent-kernel chunk, a power of two >= 16; 0: tuned per GPU and mixer",
     "model.tuning": "kernel launch configs: auto (this GPU's tuning file) | builtin | a path",
     "model.remat": "recompute in the backward pass to save memory: none | mixer | full | dots (all, keeping the "

@@ -47,7 +47,7 @@ class GatedDeltaNet(RecurrentMixer):
         qk, vd = self.hk * self.dk, self.hv * self.dv
         self.in_proj = dense(cfg, cfg.hidden_size, 2 * qk + 2 * vd + 2 * self.hv, rngs=rngs)
         self.conv1d = ShortConv(2 * qk + vd, c.conv_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                                rngs=rngs)
+                                rngs=rngs, kernel_impl=cfg.kernel_impl)
         self.A_log = nnx.Param(a_log_init(rngs.params(), (self.hv,), param_dtype))
         self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.hv,), param_dtype))
         self.out_norm = RMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)

@@ -50,7 +50,7 @@ class KimiDeltaAttention(RecurrentMixer):
         qk, vd = self.hk * self.dk, self.hv * self.dv
         self.in_proj = dense(cfg, cfg.hidden_size, 2 * qk + vd + 2 * self.dv + self.hv, rngs=rngs)
         self.conv1d = ShortConv(2 * qk + vd, c.conv_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                                rngs=rngs)
+                                rngs=rngs, kernel_impl=cfg.kernel_impl)
         low_rank_init = torch_default_init(self.dv)
         self.f_b_proj = dense(cfg, self.dv, self.hv * self.dk, kernel_init=low_rank_init, rngs=rngs)
         self.g_b_proj = dense(cfg, self.dv, vd, kernel_init=low_rank_init, use_bias=True, bias_init=low_rank_init,

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.kernels.short_conv import short_conv_silu
 from hybrid_jax.kernels.swiglu import swiglu
 from hybrid_jax.parallel.shards import previous_tail
 
@@ -160,15 +161,18 @@ class ShortConv(nnx.Module):
     PyTorch's default Conv1d init (``U(+-1/sqrt(K))``) for both. ``x: [B, T, C] -> [B, T, C]``. With packed
     documents (``segment_ids [B, T]``) a tap from another document counts as zero, as the causal padding does at
     a sequence's start. With the time axis split over a context axis (``context``, inside its ``shard_map``) the
-    first ``K-1`` taps read the previous shard's last ``K-1`` inputs (a halo, one ``ppermute``).
+    first ``K-1`` taps read the previous shard's last ``K-1`` inputs (a halo, one ``ppermute``). The conv is
+    :func:`hybrid_jax.kernels.short_conv.short_conv_silu` (its backward one Pallas kernel on a GPU; ``kernel_impl``
+    as ``model.kernel_impl``).
     """
 
     def __init__(self, channels: int, kernel_size: int, *, use_bias: bool, dtype: jnp.dtype,
-                 param_dtype: jnp.dtype, rngs: nnx.Rngs):
+                 param_dtype: jnp.dtype, rngs: nnx.Rngs, kernel_impl: str = "auto"):
         init = torch_default_init(kernel_size)
         self.kernel = nnx.Param(init(rngs.params(), (kernel_size, channels), param_dtype))
         self.bias = nnx.Param(init(rngs.params(), (channels,), param_dtype)) if use_bias else None
         self.dtype = dtype
+        self.kernel_impl = kernel_impl
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
         """Sums and SiLU in float32; the result in the compute dtype. ``context``: the mesh axis the time axis is
@@ -176,25 +180,16 @@ class ShortConv(nnx.Module):
         K = self.kernel.shape[0]
         if context is not None:
             return self._conv(*context_halo(x.astype(jnp.float32), segment_ids, K - 1, context))
-        same_doc = None
-        if segment_ids is not None:  # tap j of output t reads input t - K + 1 + j: keep it in t's document
-            seg = jnp.pad(segment_ids, ((0, 0), (K - 1, 0)), constant_values=-1)
-            T = x.shape[1]
-            same_doc = [(seg[:, j : j + T] == segment_ids)[..., None] for j in range(K)]
-        return self._conv(jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0))), same_doc)
+        if segment_ids is not None:  # the causal padding's rows are document -1: no output's document
+            segment_ids = jnp.pad(segment_ids, ((0, 0), (K - 1, 0)), constant_values=-1)
+        return self._conv(jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0))), segment_ids)
 
-    def _conv(self, xp: jax.Array, same_doc: list[jax.Array] | None = None) -> jax.Array:
+    def _conv(self, xp: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """The conv of ``xp: [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs);
-        ``same_doc``: per tap ``[B, T, 1]``, whether it reads the output's document (else it counts as 0)."""
-        K, T = self.kernel.shape[0], xp.shape[1] - self.kernel.shape[0] + 1
-        w = self.kernel[...].astype(jnp.float32)
-        taps = [xp[:, j : j + T] for j in range(K)]
-        if same_doc is not None:
-            taps = [jnp.where(keep, tap, 0.0) for tap, keep in zip(taps, same_doc, strict=True)]
-        y = sum(tap * w[j] for j, tap in enumerate(taps))
-        if self.bias is not None:
-            y = y + self.bias[...].astype(jnp.float32)
-        return jax.nn.silu(y).astype(self.dtype)
+        ``segment_ids: [B, K-1+T]``, the document of each row of ``xp`` (tap j of output t reads ``xp[t+j]``, zero
+        unless in the document of ``xp[t+K-1]``)."""
+        return short_conv_silu(xp, self.kernel[...], None if self.bias is None else self.bias[...], segment_ids,
+                               out_dtype=self.dtype, impl=self.kernel_impl)
 
     def init_tail(self, batch: int) -> jax.Array:
         """An empty tail ``[B,K-1,C]`` (zeros, as the causal padding) in the compute dtype."""
@@ -215,16 +210,14 @@ class ShortConv(nnx.Module):
 
 
 def context_halo(x: jax.Array, segment_ids: jax.Array | None, n: int, context: str
-                 ) -> tuple[jax.Array, list[jax.Array] | None]:
-    """``(xp [B, n+T, C], same_doc)`` for :meth:`ShortConv._conv` on this shard of ``context``: ``x [B,T,C]`` after the
-    previous shard's last ``n`` inputs (zeros on shard 0, as the causal padding), and per tap whether it reads the
-    output's document (``segment_ids [B,T]``; shard 0's padding has document -1); ``None`` without ids."""
+                 ) -> tuple[jax.Array, jax.Array | None]:
+    """``(xp [B, n+T, C], ids [B, n+T])`` for :meth:`ShortConv._conv` on this shard of ``context``: ``x [B,T,C]`` after
+    the previous shard's last ``n`` inputs (zeros on shard 0, as the causal padding), and ``segment_ids [B,T]`` after
+    theirs (shard 0's padding has document -1); ``None`` without ids."""
     xp = jnp.concatenate([previous_tail(x, n, context), x], axis=1)
     if segment_ids is None:
         return xp, None
-    seg = jnp.concatenate([previous_tail(segment_ids, n, context, fill=-1), segment_ids], axis=1)
-    T = x.shape[1]
-    return xp, [(seg[:, j : j + T] == segment_ids)[..., None] for j in range(n + 1)]
+    return xp, jnp.concatenate([previous_tail(segment_ids, n, context, fill=-1), segment_ids], axis=1)
 
 
 # --------------------------------------------------------------------------------------------- MLP

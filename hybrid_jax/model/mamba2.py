@@ -45,7 +45,7 @@ class Mamba2(RecurrentMixer):
         bc = 2 * self.groups * self.state
         self.in_proj = dense(cfg, cfg.hidden_size, 2 * self.d_in + bc + self.nheads, rngs=rngs)
         self.conv1d = ShortConv(self.d_in + bc, c.conv_size, use_bias=True, dtype=dtype, param_dtype=param_dtype,
-                                rngs=rngs)
+                                rngs=rngs, kernel_impl=cfg.kernel_impl)
         self.A_log = nnx.Param(a_log_init(rngs.params(), (self.nheads,), param_dtype))
         self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.nheads,), param_dtype))
         self.D = nnx.Param(jnp.ones((self.nheads,), param_dtype))
