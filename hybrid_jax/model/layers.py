@@ -176,13 +176,14 @@ class ShortConv(nnx.Module):
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
         """Sums and SiLU in float32; the result in the compute dtype. ``context``: the mesh axis the time axis is
-        split over (``None``: the whole sequence is here)."""
+        split over (``None``: the whole sequence is here). ``x`` is padded in its own dtype: the conv reads its taps
+        in float32, so that changes no value, only the bytes the backward reads and writes."""
         K = self.kernel.shape[0]
         if context is not None:
-            return self._conv(*context_halo(x.astype(jnp.float32), segment_ids, K - 1, context))
+            return self._conv(*context_halo(x, segment_ids, K - 1, context))
         if segment_ids is not None:  # the causal padding's rows are document -1: no output's document
             segment_ids = jnp.pad(segment_ids, ((0, 0), (K - 1, 0)), constant_values=-1)
-        return self._conv(jnp.pad(x.astype(jnp.float32), ((0, 0), (K - 1, 0), (0, 0))), segment_ids)
+        return self._conv(jnp.pad(x, ((0, 0), (K - 1, 0), (0, 0))), segment_ids)
 
     def _conv(self, xp: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """The conv of ``xp: [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs);
