@@ -17,7 +17,9 @@ time is lower than measured. The ops:
 * ``mamba2_gated_norm``: Mamba2's ``GroupRMSNorm(y, z)`` on ``y, z: [B, T, expand * D]``.
 * ``silu_mul``: ``silu(gate) * up`` on ``[B, T, F]``, the element-wise part of the SwiGLU MLP.
 * ``mlp``: the whole ``MLP`` block on ``[B, T, D]`` (two matmuls around ``silu_mul``).
-* ``short_conv``: GDN's depthwise causal conv (kernel ``conv_size``) + SiLU on its q/k/v channels ``[B, T, C]``.
+* ``short_conv``: GDN's depthwise causal conv (kernel ``conv_size``) + SiLU on its q/k/v channels ``[B, T, C]``;
+  ``mamba2_conv``: Mamba2's (with a bias) on its ``x, B, C`` channels; each also as ``*_xla``, its backward in XLA
+  instead of the Pallas kernel.
 * ``cross_entropy``: ``hybrid_jax.train.loss.cross_entropy`` (token chunks of ``train.loss_chunk_size``) of
   the features ``[B*T, D]`` against the tied embedding ``[V, D]`` as the trainer passes it (float32 master
   weights) and int32 labels (not differentiated); the loss is a scalar, so its cotangent is one random number.
@@ -51,7 +53,7 @@ from benchmarks import record
 from hybrid_jax.config import load_config_file
 from hybrid_jax.kernels.tooling.timing import back_to_back_ms
 from hybrid_jax.model.gdn import GatedDeltaNet
-from hybrid_jax.model.layers import MLP, RMSNorm
+from hybrid_jax.model.layers import MLP, RMSNorm, ShortConv
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.train.step.loss import cross_entropy
 
@@ -133,15 +135,19 @@ def make_ops(cfg: ConfigDict, batch: int, seq: int, ce_chunks: tuple[int, ...] =
         module_op(
             "mlp", f"[{B},{T},{D}] F={F}", MLP(m, rngs=rngs), lambda n, x: n(x), (rand(B, T, D),), flops=6.0 * N * D * F
         ),
-        module_op(
-            "short_conv",
-            f"[{B},{T},{C}] k={gdn.conv1d.kernel.shape[0]}",
-            gdn.conv1d,
-            lambda n, x: n(x),
-            (rand(B, T, C),),
-        ),
+        *conv_ops("short_conv", gdn.conv1d, rand(B, T, C)),
+        *conv_ops("mamba2_conv", mamba2.conv1d, rand(B, T, mamba2.conv1d.kernel.shape[1])),
         *ce,
     ]
+
+
+def conv_ops(name: str, conv: ShortConv, x: jax.Array) -> list[Op]:
+    """A short conv on ``x [B, T, C]`` twice: ``name`` as the model runs it (its backward the Pallas kernel on a
+    GPU) and ``name_xla`` with the XLA backward, for their ratio in one command."""
+    xla = nnx.clone(conv)
+    xla.kernel_impl = "xla"
+    shape = f"[{','.join(map(str, x.shape))}] k={conv.kernel.shape[0]}"
+    return [module_op(n, shape, c, lambda m, x: m(x), (x,)) for n, c in ((name, conv), (f"{name}_xla", xla))]
 
 
 def functions(op: Op) -> tuple[Callable, Callable]:
@@ -208,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
     ap.add_argument("--ce-chunks", default="", help="comma list: also time the cross-entropy at these chunk sizes")
     ap.add_argument("--smoke", action="store_true", help="the demo config at batch 1 x 64 on CPU (checks the script)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="OP", help="time these ops only (names as printed)")
     args = ap.parse_args(argv)
     cfg = load_config_file(CONFIGS / "demo.py" if args.smoke else args.config)
     batch, seq, repeats = (1, 64, 2) if args.smoke else (args.batch, cfg.train.seq_len, args.repeats)
@@ -225,7 +232,11 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     results = []
-    for op in make_ops(cfg, batch, seq, tuple(int(c) for c in args.ce_chunks.split(",") if c)):
+    ops = make_ops(cfg, batch, seq, tuple(int(c) for c in args.ce_chunks.split(",") if c))
+    unknown = sorted(set(args.only or ()) - {op.name for op in ops})
+    if unknown:
+        raise SystemExit(f"small_ops: no op {', '.join(unknown)}; the ops: {', '.join(op.name for op in ops)}")
+    for op in ops if args.only is None else [op for op in ops if op.name in args.only]:
         r = measure(op, repeats)
         r["fwdbwd_ns_per_token"] = 1e6 * r["fwdbwd_ms"] / tokens
         results.append(r)
@@ -241,8 +252,14 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     by_op = {r["op"]: r for r in reversed(results)}  # the first of a name (the config's CE chunk) wins
-    share = {p: by_op["silu_mul"][f"{p}_ms"] / by_op["mlp"][f"{p}_ms"] for p in ("fwd", "fwdbwd")}
-    print(f"silu_mul share of the mlp time: fwd {100 * share['fwd']:.1f}%  fwd+bwd {100 * share['fwdbwd']:.1f}%")
+    share = {p: by_op["silu_mul"][f"{p}_ms"] / by_op["mlp"][f"{p}_ms"] for p in ("fwd", "fwdbwd")
+             if {"silu_mul", "mlp"} <= by_op.keys()}
+    if share:
+        print(f"silu_mul share of the mlp time: fwd {100 * share['fwd']:.1f}%  fwd+bwd {100 * share['fwdbwd']:.1f}%")
+    kernel_over_xla = {n: by_op[n]["fwdbwd_ms"] / by_op[f"{n}_xla"]["fwdbwd_ms"] for n in ("short_conv", "mamba2_conv")
+                       if {n, f"{n}_xla"} <= by_op.keys()}
+    for n, ratio in kernel_over_xla.items():
+        print(f"{n}: forward+backward with the Pallas backward over XLA's: {ratio:.3f}x")
     summary = dict(
         device=jax.devices()[0].device_kind,
         jax=jax.__version__,
@@ -256,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         peak_bytes_per_s=PEAK_BYTES,
         at_roofline_threshold=AT_ROOFLINE,
         silu_mul_share_of_mlp=share,
+        conv_kernel_over_xla=kernel_over_xla,
         ops=results,
     )
     record.save("small_ops", summary, out=args.out)
