@@ -189,14 +189,18 @@ def _backward_kernel(*refs, width: int, has_bias: bool, has_ids: bool):
     def store(ref, x, mask):
         pltriton.store(ref, x.astype(ref.dtype), mask=mask)
 
-    x = {d: load_rows(xp_ref, s + d, S, 0.0) for d in range(1 - K, K)}  # x[d] = xp[s+d]
-    ids = {d: load_rows(ids_ref, s + d, S, -1) for d in range(1 - K, K)} if has_ids else None
     w = [load_cols(w_ref.at[pl.ds(j, 1), :]) for j in range(K)]  # [1, BC] each
     bias = load_cols(bias_ref)[None, :] if has_bias else None
     dxp = jnp.zeros((BT, BC), F32)
     for i in range(K):  # output t = s - i, whose tap i reads row s
-        keeps = [(ids[j - i] == ids[K - 1 - i])[:, None] for j in range(K)] if has_ids else None
-        taps = [x[j - i] if keeps is None else jnp.where(keeps[j], x[j - i], 0.0) for j in range(K)]
+        # each output's taps loaded where they are used (rows s-i .. s-i+K-1; cache hits after the first): held for
+        # all shifts at once they cost about 20 registers per tile element
+        taps = [load_rows(xp_ref, s + j - i, S, 0.0) for j in range(K)]
+        keeps = None
+        if has_ids:
+            own = load_rows(ids_ref, s + K - 1 - i, S, -1)
+            keeps = [(load_rows(ids_ref, s + j - i, S, -1) == own)[:, None] for j in range(K)]
+            taps = [jnp.where(keep, tap, 0.0) for tap, keep in zip(taps, keeps, strict=True)]
         pre = sum(tap * w[j] for j, tap in enumerate(taps))
         if has_bias:
             pre = pre + bias
