@@ -120,12 +120,14 @@ _short_conv.defvjp(_short_conv_fwd, _short_conv_bwd)
 def _pallas_backward(dy: jax.Array, xp: jax.Array, w: jax.Array, bias: jax.Array | None,
                      segment_ids: jax.Array | None, config: tuning.ShortConvConfig, *, interpret: bool
                      ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """The kernel, grid ``(B, row blocks of xp, channel blocks)``: the reference's ``(dxp, dw, dbias)``, ``dw`` and
-    ``dbias`` summed by XLA from each program's partial sums ``[B, row blocks, K, C]`` / ``[B, row blocks, C]``."""
+    """The kernel, grid ``(B, row blocks of xp, channel blocks)`` (a row block: ``config.tiles`` tiles of
+    ``config.rows``): the reference's ``(dxp, dw, dbias)``, ``dw`` and ``dbias`` summed by XLA from each program's
+    partial sums ``[B, row blocks, K, C]`` / ``[B, row blocks, C]``."""
     B, S, C = xp.shape
     K, T = w.shape[0], dy.shape[1]
     rows, channels = min(config.rows, pl.next_power_of_2(S)), min(config.channels, pl.next_power_of_2(C))
-    grid = (B, pl.cdiv(S, rows), pl.cdiv(C, channels))
+    tiles = min(config.tiles, pl.cdiv(S, rows))  # row tiles per program
+    grid = (B, pl.cdiv(S, rows * tiles), pl.cdiv(C, channels))
 
     def sequence(length):  # a [length, channels] slab of a [B, length, C] tensor: the kernel loads shifted rows
         return pl.BlockSpec((None, length, channels), lambda b, r, c: (b, 0, c))
@@ -139,13 +141,14 @@ def _pallas_backward(dy: jax.Array, xp: jax.Array, w: jax.Array, bias: jax.Array
         inputs.append(segment_ids.astype(jnp.int32))
         in_specs.append(pl.BlockSpec((None, S), lambda b, r, c: (b, 0)))
     out_shape = [jax.ShapeDtypeStruct((B, S, C), xp.dtype), jax.ShapeDtypeStruct((B, grid[1], K, C), F32)]
-    out_specs = [pl.BlockSpec((None, rows, channels), lambda b, r, c: (b, r, c)),
+    out_specs = [pl.BlockSpec((None, rows * tiles, channels), lambda b, r, c: (b, r, c)),
                  pl.BlockSpec((None, None, K, channels), lambda b, r, c: (b, r, 0, c))]
     if bias is not None:
         out_shape.append(jax.ShapeDtypeStruct((B, grid[1], C), F32))
         out_specs.append(pl.BlockSpec((None, None, channels), lambda b, r, c: (b, r, c)))
     dxp, dw, *dbias = pl.pallas_call(
-        functools.partial(_backward_kernel, width=C, has_bias=bias is not None, has_ids=segment_ids is not None),
+        functools.partial(_backward_kernel, width=C, tiles=tiles, has_bias=bias is not None,
+                          has_ids=segment_ids is not None),
         grid=grid,
         in_specs=in_specs,
         out_specs=out_specs,
@@ -158,19 +161,19 @@ def _pallas_backward(dy: jax.Array, xp: jax.Array, w: jax.Array, bias: jax.Array
     return dxp, jnp.sum(dw, axis=(0, 1)), jnp.sum(dbias[0], axis=(0, 1)) if dbias else None
 
 
-def _backward_kernel(*refs, width: int, has_bias: bool, has_ids: bool):
+def _backward_kernel(*refs, width: int, tiles: int, has_bias: bool, has_ids: bool):
     """``dy_ref [T, BC]`` (dy's dtype), ``xp_ref [S, BC]``, ``w_ref [K, BC]``, ``bias_ref [BC]`` (with a bias),
-    ``ids_ref [S]`` int32 (with ids): this channel block's whole sequence; out ``dxp_ref [BT, BC]`` (this program's
-    rows of xp), ``dw_ref [K, BC]`` and ``dbias_ref [BC]`` (with a bias): sums over its rows. ``S = K-1+T``,
-    columns past ``width`` (= C) and rows past the sequence masked, float32 arithmetic."""
+    ``ids_ref [S]`` int32 (with ids): this channel block's whole sequence; out ``dxp_ref [tiles * BT, BC]`` (this
+    program's rows of xp, ``tiles`` tiles of ``BT`` rows in turn), ``dw_ref [K, BC]`` and ``dbias_ref [BC]`` (with a
+    bias): sums over its rows. ``S = K-1+T``, columns past ``width`` (= C) and rows past the sequence masked, float32
+    arithmetic."""
     dy_ref, xp_ref, w_ref, *refs = refs
     bias_ref = refs.pop(0) if has_bias else None
     ids_ref = refs.pop(0) if has_ids else None
     dxp_ref, dw_ref, *dbias_refs = refs
     K, BC = w_ref.shape
-    BT, S = dxp_ref.shape[0], xp_ref.shape[0]
+    BT, S = dxp_ref.shape[0] // tiles, xp_ref.shape[0]
     T = S - K + 1
-    s = pl.program_id(1) * BT + jnp.arange(BT)  # this program's rows of xp
     cols = jnp.arange(BC)
     col_in = pl.program_id(2) * BC + cols < width
 
@@ -191,26 +194,38 @@ def _backward_kernel(*refs, width: int, has_bias: bool, has_ids: bool):
 
     w = [load_cols(w_ref.at[pl.ds(j, 1), :]) for j in range(K)]  # [1, BC] each
     bias = load_cols(bias_ref)[None, :] if has_bias else None
-    dxp = jnp.zeros((BT, BC), F32)
-    for i in range(K):  # output t = s - i, whose tap i reads row s
-        # each output's taps loaded where they are used (rows s-i .. s-i+K-1; cache hits after the first): held for
-        # all shifts at once they cost about 20 registers per tile element
-        taps = [load_rows(xp_ref, s + j - i, S, 0.0) for j in range(K)]
-        keeps = None
-        if has_ids:
-            own = load_rows(ids_ref, s + K - 1 - i, S, -1)
-            keeps = [(load_rows(ids_ref, s + j - i, S, -1) == own)[:, None] for j in range(K)]
-            taps = [jnp.where(keep, tap, 0.0) for tap, keep in zip(taps, keeps, strict=True)]
-        pre = sum(tap * w[j] for j, tap in enumerate(taps))
-        if has_bias:
-            pre = pre + bias
-        sig = jax.nn.sigmoid(pre)
-        dpre = load_rows(dy_ref, s - i, T, 0.0) * sig * (1 + pre * (1 - sig))  # zero where t is outside [0, T)
-        g = dpre * w[i]
-        dxp = dxp + (g if keeps is None else jnp.where(keeps[i], g, 0.0))
-        if i == 0:  # the partial sums over outputs t = s, each counted by the one program that holds row s
-            for j, tap in enumerate(taps):
-                store(dw_ref.at[pl.ds(j, 1), :], jnp.sum(tap * dpre, axis=0, keepdims=True), col_in[None, :])
+    first = pl.program_id(1) * tiles * BT  # the program's first row (read outside the loop: interpret mode)
+
+    def tile(it, sums):
+        """Row tile ``it`` of this program: its rows of ``dxp`` stored, its outputs' terms added to ``sums`` (``K``
+        for ``dw``'s rows, one for ``dbias``, ``[BT, BC]`` each)."""
+        s = first + it * BT + jnp.arange(BT)  # this tile's rows of xp
+        dxp = jnp.zeros((BT, BC), F32)
+        for i in range(K):  # output t = s - i, whose tap i reads row s
+            # each output's taps loaded where they are used (rows s-i .. s-i+K-1; cache hits after the first): held
+            # for all shifts at once they cost about 20 registers per tile element
+            taps = [load_rows(xp_ref, s + j - i, S, 0.0) for j in range(K)]
+            keeps = None
+            if has_ids:
+                own = load_rows(ids_ref, s + K - 1 - i, S, -1)
+                keeps = [(load_rows(ids_ref, s + j - i, S, -1) == own)[:, None] for j in range(K)]
+                taps = [jnp.where(keep, tap, 0.0) for tap, keep in zip(taps, keeps, strict=True)]
+            pre = sum(tap * w[j] for j, tap in enumerate(taps))
             if has_bias:
-                store(dbias_refs[0], jnp.sum(dpre, axis=0), col_in)
-    store(dxp_ref, dxp, (s < S)[:, None] & col_in[None, :])
+                pre = pre + bias
+            sig = jax.nn.sigmoid(pre)
+            dpre = load_rows(dy_ref, s - i, T, 0.0) * sig * (1 + pre * (1 - sig))  # zero where t is outside [0, T)
+            g = dpre * w[i]
+            dxp = dxp + (g if keeps is None else jnp.where(keeps[i], g, 0.0))
+            if i == 0:  # the sums over outputs t = s: each counted by the one tile that holds row s
+                sums = [acc + x for acc, x in zip(sums, [*(tap * dpre for tap in taps), dpre], strict=True)]
+        store(dxp_ref.at[pl.ds(it * BT, BT), :], dxp, (s < S)[:, None] & col_in[None, :])
+        return sums
+
+    # the tiles' terms summed element-wise in the loop (the layout of the tiles), over rows once after it
+    zeros = [jnp.zeros((BT, BC), F32)] * (K + 1)
+    sums = tile(0, zeros) if tiles == 1 else jax.lax.fori_loop(0, tiles, tile, zeros)
+    for j in range(K):
+        store(dw_ref.at[pl.ds(j, 1), :], jnp.sum(sums[j], axis=0, keepdims=True), col_in[None, :])
+    if has_bias:
+        store(dbias_refs[0], jnp.sum(sums[K], axis=0), col_in)

@@ -61,10 +61,12 @@ def test_gradients_match_autodiff(C, use_bias, documents, out_dtype):
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
-def test_kernel_matches_its_reference():
-    """The kernel's ``(dxp, dw, dbias)`` against the XLA form at a tile of 16 x 32 (three row blocks)."""
+@pytest.mark.parametrize("tiles", [1, 2])
+def test_kernel_matches_its_reference(tiles):
+    """The kernel's ``(dxp, dw, dbias)`` against the XLA form at a tile of 16 x 32 (40 rows: three programs of one
+    tile, or two of two tiles, the second's first tile ragged and its second past the end)."""
     xp, w, bias, ids, _, dy = inputs(48, True, True, jnp.bfloat16)
-    config = tuning.ShortConvConfig(rows=16, channels=32)
+    config = tuning.ShortConvConfig(rows=16, channels=32, tiles=tiles)
     got = _pallas_backward(dy, xp, w, bias, ids, config, interpret=True)
     for g, ref in zip(got, short_conv_backward_reference(dy, xp, w, bias, ids), strict=True):
         np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
