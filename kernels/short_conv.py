@@ -11,9 +11,9 @@ with ``dpre = dy * silu'(pre)`` (``pre`` recomputed: the residuals are the input
 
     dxp[s] = sum_j keep_j[s-j] * dpre[s-j] * w[j]   (t = s-j in [0, T));   dw[j] = sum_{b,t} keep_j[t] xp[t+j] dpre[t]
 
-XLA writes ``dxp`` as a concatenation of the K shifted terms and ``dw`` as K more reductions over the activations;
-the kernel, per tile of xp's rows, loads ``dy`` and ``xp`` (and the ``K-1`` rows on either side), recomputes ``dpre``
-at the K shifts it needs, and writes ``dxp`` and the tile's partial sums of ``dw`` and ``dbias``.
+XLA writes ``dxp`` as a concatenation of the K shifted terms and ``dw`` as K more reductions over the activations.
+The kernels: the first, per tile of outputs, loads the K taps and ``dy`` once, writes ``dpre`` (float32) and the tile's
+partial sums of ``dw`` and ``dbias``; the second writes each tile of ``dxp`` from K shifted reads of ``dpre``.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``), ``pallas``, ``pallas_interpret``.
 """
@@ -120,112 +120,138 @@ _short_conv.defvjp(_short_conv_fwd, _short_conv_bwd)
 def _pallas_backward(dy: jax.Array, xp: jax.Array, w: jax.Array, bias: jax.Array | None,
                      segment_ids: jax.Array | None, config: tuning.ShortConvConfig, *, interpret: bool
                      ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """The kernel, grid ``(B, row blocks of xp, channel blocks)`` (a row block: ``config.tiles`` tiles of
-    ``config.rows``): the reference's ``(dxp, dw, dbias)``, ``dw`` and ``dbias`` summed by XLA from each program's
-    partial sums ``[B, row blocks, K, C]`` / ``[B, row blocks, C]``."""
+    """The reference's ``(dxp, dw, dbias)`` in two kernels over ``rows x channels`` tiles: the first computes
+    ``dpre [B, T, C]`` (float32) once per output with each program's partial sums of ``dw`` and ``dbias`` (grid
+    ``(B, output row blocks of config.tiles tiles, channel blocks)``; XLA adds the partial sums up), the second
+    ``dxp`` from K shifted reads of ``dpre`` (grid ``(B, xp row tiles, channel blocks)``)."""
     B, S, C = xp.shape
     K, T = w.shape[0], dy.shape[1]
     rows, channels = min(config.rows, pl.next_power_of_2(S)), min(config.channels, pl.next_power_of_2(C))
-    tiles = min(config.tiles, pl.cdiv(S, rows))  # row tiles per program
-    grid = (B, pl.cdiv(S, rows * tiles), pl.cdiv(C, channels))
+    tiles = min(config.tiles, pl.cdiv(T, rows))  # row tiles per program of the first kernel
+    params = pltriton.CompilerParams(num_warps=config.launch.num_warps, num_stages=config.launch.num_stages)
+    ids = None if segment_ids is None else segment_ids.astype(jnp.int32)
 
-    def sequence(length):  # a [length, channels] slab of a [B, length, C] tensor: the kernel loads shifted rows
+    def sequence(length):  # a [length, channels] slab of a [B, length, C] tensor: the kernels load shifted rows
         return pl.BlockSpec((None, length, channels), lambda b, r, c: (b, 0, c))
 
-    inputs = [dy, xp, w.astype(F32)]
-    in_specs = [sequence(T), sequence(S), pl.BlockSpec((K, channels), lambda b, r, c: (0, c))]
-    if bias is not None:
-        inputs.append(bias.astype(F32))
-        in_specs.append(pl.BlockSpec((channels,), lambda b, r, c: (c,)))
-    if segment_ids is not None:
-        inputs.append(segment_ids.astype(jnp.int32))
-        in_specs.append(pl.BlockSpec((None, S), lambda b, r, c: (b, 0)))
-    out_shape = [jax.ShapeDtypeStruct((B, S, C), xp.dtype), jax.ShapeDtypeStruct((B, grid[1], K, C), F32)]
+    def side_inputs(with_bias):  # (arrays, specs) of w [K, C], bias [C] (with_bias) and ids [B, S] (with documents)
+        arrays, specs = [w.astype(F32)], [pl.BlockSpec((K, channels), lambda b, r, c: (0, c))]
+        if with_bias:
+            arrays.append(bias.astype(F32))
+            specs.append(pl.BlockSpec((channels,), lambda b, r, c: (c,)))
+        if ids is not None:
+            arrays.append(ids)
+            specs.append(pl.BlockSpec((None, S), lambda b, r, c: (b, 0)))
+        return arrays, specs
+
+    blocks = pl.cdiv(T, rows * tiles)
+    arrays, specs = side_inputs(bias is not None)
+    out_shape = [jax.ShapeDtypeStruct((B, T, C), F32), jax.ShapeDtypeStruct((B, blocks, K, C), F32)]
     out_specs = [pl.BlockSpec((None, rows * tiles, channels), lambda b, r, c: (b, r, c)),
                  pl.BlockSpec((None, None, K, channels), lambda b, r, c: (b, r, 0, c))]
     if bias is not None:
-        out_shape.append(jax.ShapeDtypeStruct((B, grid[1], C), F32))
+        out_shape.append(jax.ShapeDtypeStruct((B, blocks, C), F32))
         out_specs.append(pl.BlockSpec((None, None, channels), lambda b, r, c: (b, r, c)))
-    dxp, dw, *dbias = pl.pallas_call(
-        functools.partial(_backward_kernel, width=C, tiles=tiles, has_bias=bias is not None,
-                          has_ids=segment_ids is not None),
-        grid=grid,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        compiler_params=pltriton.CompilerParams(num_warps=config.launch.num_warps,
-                                                num_stages=config.launch.num_stages),
-        interpret=interpret,
-        name="short_conv_bwd",
-    )(*inputs)
+    dpre, dw, *dbias = pl.pallas_call(
+        functools.partial(_dpre_kernel, width=C, tiles=tiles, has_bias=bias is not None, has_ids=ids is not None),
+        grid=(B, blocks, pl.cdiv(C, channels)), in_specs=[sequence(T), sequence(S), *specs], out_specs=out_specs,
+        out_shape=out_shape, compiler_params=params, interpret=interpret, name="short_conv_bwd_dpre",
+    )(dy, xp, *arrays)
+    arrays, specs = side_inputs(False)
+    dxp = pl.pallas_call(
+        functools.partial(_dxp_kernel, width=C, has_ids=ids is not None),
+        grid=(B, pl.cdiv(S, rows), pl.cdiv(C, channels)), in_specs=[sequence(T), *specs],
+        out_specs=pl.BlockSpec((None, rows, channels), lambda b, r, c: (b, r, c)),
+        out_shape=jax.ShapeDtypeStruct((B, S, C), xp.dtype), compiler_params=params, interpret=interpret,
+        name="short_conv_bwd_dxp",
+    )(dpre, *arrays)
     return dxp, jnp.sum(dw, axis=(0, 1)), jnp.sum(dbias[0], axis=(0, 1)) if dbias else None
 
 
-def _backward_kernel(*refs, width: int, tiles: int, has_bias: bool, has_ids: bool):
-    """``dy_ref [T, BC]`` (dy's dtype), ``xp_ref [S, BC]``, ``w_ref [K, BC]``, ``bias_ref [BC]`` (with a bias),
-    ``ids_ref [S]`` int32 (with ids): this channel block's whole sequence; out ``dxp_ref [tiles * BT, BC]`` (this
-    program's rows of xp, ``tiles`` tiles of ``BT`` rows in turn), ``dw_ref [K, BC]`` and ``dbias_ref [BC]`` (with a
-    bias): sums over its rows. ``S = K-1+T``, columns past ``width`` (= C) and rows past the sequence masked, float32
-    arithmetic."""
-    dy_ref, xp_ref, w_ref, *refs = refs
-    bias_ref = refs.pop(0) if has_bias else None
-    ids_ref = refs.pop(0) if has_ids else None
-    dxp_ref, dw_ref, *dbias_refs = refs
-    K, BC = w_ref.shape
-    BT, S = dxp_ref.shape[0] // tiles, xp_ref.shape[0]
-    T = S - K + 1
+def _loaders(width: int, BC: int):
+    """``(load_rows, load_cols, col_in)`` for a program of channel block ``pl.program_id(2)`` of ``BC`` columns:
+    ``load_rows(ref, at [BT], length, other)`` reads rows ``at`` of a ``[length]`` or ``[length, BC]`` ref (``other``
+    outside ``[0, length)`` and past column ``width``; indices, not ``pl.ds``, since shifted starts can be negative;
+    float32), ``load_cols(ref)`` a ``[1, BC]`` or ``[BC]`` row, ``col_in [BC]`` the columns inside ``width``."""
     cols = jnp.arange(BC)
     col_in = pl.program_id(2) * BC + cols < width
 
     def load_rows(ref, at, length, other):
-        """Rows ``at [BT]`` of a ``[length]`` or ``[length, BC]`` ref, ``other`` outside ``[0, length)``: indices,
-        not ``pl.ds``, since the first block's starts are negative."""
         inside = (at >= 0) & (at < length)
         if len(ref.shape) == 1:
             return pltriton.load(ref.at[at], mask=inside, other=other)
         return pltriton.load(ref.at[at[:, None], cols[None, :]], mask=inside[:, None] & col_in[None, :],
                              other=other).astype(F32)
 
-    def load_cols(ref):  # a [1, BC] or [BC] row
+    def load_cols(ref):
         return pltriton.load(ref, mask=col_in if len(ref.shape) == 1 else col_in[None, :], other=0.0)
 
-    def store(ref, x, mask):
-        pltriton.store(ref, x.astype(ref.dtype), mask=mask)
+    return load_rows, load_cols, col_in
 
+
+def _store(ref, x, mask):
+    pltriton.store(ref, x.astype(ref.dtype), mask=mask)
+
+
+def _dpre_kernel(*refs, width: int, tiles: int, has_bias: bool, has_ids: bool):
+    """``dy_ref [T, BC]`` (dy's dtype), ``xp_ref [S, BC]``, ``w_ref [K, BC]`` float32, ``bias_ref [BC]`` (with a
+    bias), ``ids_ref [S]`` int32 (with ids): this channel block's whole sequence; out ``dpre_ref [tiles * BT, BC]``
+    float32 (this program's outputs, ``tiles`` tiles of ``BT`` rows in turn; zero past T), ``dw_ref [K, BC]`` and
+    ``dbias_ref [BC]`` (with a bias): sums over its outputs. ``S = K-1+T``, float32 arithmetic."""
+    dy_ref, xp_ref, w_ref, *refs = refs
+    bias_ref = refs.pop(0) if has_bias else None
+    ids_ref = refs.pop(0) if has_ids else None
+    dpre_ref, dw_ref, *dbias_refs = refs
+    K, BC = w_ref.shape
+    BT, S = dpre_ref.shape[0] // tiles, xp_ref.shape[0]
+    T = S - K + 1
+    load_rows, load_cols, col_in = _loaders(width, BC)
     w = [load_cols(w_ref.at[pl.ds(j, 1), :]) for j in range(K)]  # [1, BC] each
     bias = load_cols(bias_ref)[None, :] if has_bias else None
-    first = pl.program_id(1) * tiles * BT  # the program's first row (read outside the loop: interpret mode)
+    first = pl.program_id(1) * tiles * BT  # the program's first output (read outside the loop: interpret mode)
 
     def tile(it, sums):
-        """Row tile ``it`` of this program: its rows of ``dxp`` stored, its outputs' terms added to ``sums`` (``K``
-        for ``dw``'s rows, one for ``dbias``, ``[BT, BC]`` each)."""
-        s = first + it * BT + jnp.arange(BT)  # this tile's rows of xp
-        dxp = jnp.zeros((BT, BC), F32)
-        for i in range(K):  # output t = s - i, whose tap i reads row s
-            # each output's taps loaded where they are used (rows s-i .. s-i+K-1; cache hits after the first): held
-            # for all shifts at once they cost about 20 registers per tile element
-            taps = [load_rows(xp_ref, s + j - i, S, 0.0) for j in range(K)]
-            keeps = None
-            if has_ids:
-                own = load_rows(ids_ref, s + K - 1 - i, S, -1)
-                keeps = [(load_rows(ids_ref, s + j - i, S, -1) == own)[:, None] for j in range(K)]
-                taps = [jnp.where(keep, tap, 0.0) for tap, keep in zip(taps, keeps, strict=True)]
-            pre = sum(tap * w[j] for j, tap in enumerate(taps))
-            if has_bias:
-                pre = pre + bias
-            sig = jax.nn.sigmoid(pre)
-            dpre = load_rows(dy_ref, s - i, T, 0.0) * sig * (1 + pre * (1 - sig))  # zero where t is outside [0, T)
-            g = dpre * w[i]
-            dxp = dxp + (g if keeps is None else jnp.where(keeps[i], g, 0.0))
-            if i == 0:  # the sums over outputs t = s: each counted by the one tile that holds row s
-                sums = [acc + x for acc, x in zip(sums, [*(tap * dpre for tap in taps), dpre], strict=True)]
-        store(dxp_ref.at[pl.ds(it * BT, BT), :], dxp, (s < S)[:, None] & col_in[None, :])
-        return sums
+        """Output tile ``it``: its ``dpre`` stored, its terms added to ``sums`` (``K`` for ``dw``'s rows, one for
+        ``dbias``, ``[BT, BC]`` each)."""
+        t = first + it * BT + jnp.arange(BT)
+        taps = [load_rows(xp_ref, t + j, S, 0.0) for j in range(K)]
+        if has_ids:
+            own = load_rows(ids_ref, t + K - 1, S, -1)
+            taps = [tap if j == K - 1 else jnp.where((load_rows(ids_ref, t + j, S, -1) == own)[:, None], tap, 0.0)
+                    for j, tap in enumerate(taps)]
+        pre = sum(tap * w[j] for j, tap in enumerate(taps))
+        if has_bias:
+            pre = pre + bias
+        sig = jax.nn.sigmoid(pre)
+        dpre = load_rows(dy_ref, t, T, 0.0) * sig * (1 + pre * (1 - sig))  # zero past T
+        _store(dpre_ref.at[pl.ds(it * BT, BT), :], dpre, (t < T)[:, None] & col_in[None, :])
+        return [acc + x for acc, x in zip(sums, [*(tap * dpre for tap in taps), dpre], strict=True)]
 
     # the tiles' terms summed element-wise in the loop (the layout of the tiles), over rows once after it
     zeros = [jnp.zeros((BT, BC), F32)] * (K + 1)
     sums = tile(0, zeros) if tiles == 1 else jax.lax.fori_loop(0, tiles, tile, zeros)
     for j in range(K):
-        store(dw_ref.at[pl.ds(j, 1), :], jnp.sum(sums[j], axis=0, keepdims=True), col_in[None, :])
+        _store(dw_ref.at[pl.ds(j, 1), :], jnp.sum(sums[j], axis=0, keepdims=True), col_in[None, :])
     if has_bias:
-        store(dbias_refs[0], jnp.sum(sums[K], axis=0), col_in)
+        _store(dbias_refs[0], jnp.sum(sums[K], axis=0), col_in)
+
+
+def _dxp_kernel(*refs, width: int, has_ids: bool):
+    """``dpre_ref [T, BC]`` float32 (this channel block's outputs), ``w_ref [K, BC]`` float32, ``ids_ref [S]`` int32
+    (with ids); out ``dxp_ref [BT, BC]``: rows ``s`` of this tile, ``sum_i keep_i[s-i] * dpre[s-i] * w[i]``."""
+    dpre_ref, w_ref, *refs = refs
+    ids_ref = refs.pop(0) if has_ids else None
+    (dxp_ref,) = refs
+    K, BC = w_ref.shape
+    BT, T = dxp_ref.shape[0], dpre_ref.shape[0]
+    S = T + K - 1
+    load_rows, load_cols, col_in = _loaders(width, BC)
+    s = pl.program_id(1) * BT + jnp.arange(BT)
+    own = load_rows(ids_ref, s, S, -1) if has_ids else None
+    dxp = jnp.zeros((BT, BC), F32)
+    for i in range(K):  # output t = s - i reads row s as its tap i: in its document if ids[s] == ids[t + K-1]
+        g = load_rows(dpre_ref, s - i, T, 0.0) * load_cols(w_ref.at[pl.ds(i, 1), :])
+        if has_ids and i < K - 1:
+            g = jnp.where((load_rows(ids_ref, s - i + K - 1, S, -1) == own)[:, None], g, 0.0)
+        dxp = dxp + g
+    _store(dxp_ref, dxp, (s < S)[:, None] & col_in[None, :])
