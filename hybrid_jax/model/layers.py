@@ -162,7 +162,7 @@ class ShortConv(nnx.Module):
     documents (``segment_ids [B, T]``) a tap from another document counts as zero, as the causal padding does at
     a sequence's start. With the time axis split over a context axis (``context``, inside its ``shard_map``) the
     first ``K-1`` taps read the previous shard's last ``K-1`` inputs (a halo, one ``ppermute``). The conv is
-    :func:`hybrid_jax.kernels.short_conv.short_conv_silu` (its backward one Pallas kernel on a GPU; ``kernel_impl``
+    :func:`hybrid_jax.kernels.short_conv.short_conv_silu` (its backward two Pallas kernels on a GPU; ``kernel_impl``
     as ``model.kernel_impl``).
     """
 
