@@ -10,7 +10,7 @@ Public entry points (shapes ``[batch, time, heads, dim]``; states float32 ``[B,H
 Beside them, three kernels the model uses through the same ``impl`` (``model.kernel_impl``):
 ``cross_entropy.softmax_grad`` (the loss's log-sum-exp and gradient over a chunk of logits), ``swiglu.swiglu``
 (``silu(gate) * up`` with a one-pass backward) and ``short_conv.short_conv_silu`` (the short causal conv with SiLU,
-its backward one pass).
+its backward two kernels: ``dpre`` once per output, then the input gradient).
 
 ``impl`` picks the implementation: ``"auto"`` (Pallas on GPU, XLA elsewhere), ``"xla"`` (chunked pure
 JAX), ``"pallas"``, ``"pallas_interpret"`` (the Pallas code interpreted on CPU, for tests), ``"naive"``
