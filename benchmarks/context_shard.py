@@ -11,12 +11,9 @@ forward+backward (the gradients of every input) of
 
 (a) ``plain``: the kernel as a mixer calls it without context (``use_qk_l2norm`` for the delta rule, the final state
     asked for), on ``[1, T_local]``;
-(b) ``shard``: ``hybrid_jax.parallel.recurrence``'s steps on one shard, the collectives replaced by what they produce:
-    the pair (the delta rule: the widened kernel call on ``[v | 0]`` from ``[0 | I]``; GLA: ``S_local`` in closed
-    form), the prefix (``shard_prefix``) over the ``n`` gathered ``(M, S_local)`` pairs with this shard's pair last
-    (the other ``n - 1`` are inputs, differentiated too, as the all-gather's transpose does), and the outputs (the
-    delta rule: the completion product; GLA: the kernel from the start state). The backward also receives a
-    cotangent for this shard's own pair (what the reduce-scatter of the others' gradients delivers).
+(b) ``shard``: ``hybrid_jax.parallel.recurrence``'s function on the last of ``n`` shards, its collectives replaced
+    by what they give on one device (:class:`OneDevice`: every gather ``n`` copies of this shard's value), so the
+    prefixes run over ``n`` pairs and the backward sends gradients through every one of them.
 
 and their ratio ``shard / plain`` (goal: <= 1.25). For MLA, the attention of shard ``i``'s queries over all ``S``
 keys (the gathered latent's keys and values) as MLA splits them: the first half of its own tokens at ``q_offset =
@@ -70,67 +67,49 @@ def problems(seq: int, shards: int, smoke: bool = False) -> list[Problem]:
     return out
 
 
-def shard_fn(p: Problem, impl: str):
-    """``(x, others) -> (o, this shard's (M, S_local))``: the last of ``n`` shards' computation, its all-gather
-    simulated by stacking ``others`` (the ``n - 1`` other shards' ``M [n-1,B,HV,K,K]`` (GLA: ``[n-1,B,HV]``) and
-    ``S_local [n-1,B,HV,K,V]``) with its own pair; the kernel options a mixer passes, as :func:`call`."""
-    chunk = p.chunk or None
+@dataclasses.dataclass(frozen=True)
+class OneDevice:
+    """``count`` shards on one device, as the last one sees them (the step waits for it): a gather gives this shard's
+    value ``count`` times (the prefixes do the same work whatever the values), the sum over shards is the value
+    itself; what ``hybrid_jax.parallel.recurrence`` uses of ``hybrid_jax.parallel.shards.Shards`` without
+    documents."""
 
-    def fn(x: dict, others: dict) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        if p.delta:
-            o_local, q_through, m, local = recurrence.widened_delta_rule(
-                getattr(kernels, OPS[p.op].function), x["q"], x["k"], x["v"], x["g"], x["beta"], scale=p.scale,
-                use_qk_l2norm=True, chunk_size=chunk, impl=impl, segment_ids=None)
-        else:
-            m, local = recurrence.local_simple_gla(x["k"], x["v"], x["g"])
-        pairs = (jnp.concatenate([others["m"], m[None].astype(F32)]), jnp.concatenate([others["s"], local[None]]))
-        n = pairs[0].shape[0]
-        keeps = jnp.ones((n, p.B), bool)
-        start, _ = recurrence.shard_prefix(*pairs, keeps, None, n - 1)
-        if p.delta:
-            o = recurrence.complete_delta_rule(o_local, q_through, start)
-        else:
-            o = kernels.chunk_simple_gla(x["q"], x["k"], x["v"], x["g"], scale=p.scale, initial_state=start,
-                                         chunk_size=chunk, impl=impl)[0]
-        return o, (m, local)
+    count: int
+
+    def gather(self, x: jax.Array) -> jax.Array:
+        return jnp.broadcast_to(x[None], (self.count, *x.shape))
+
+    def index(self) -> jax.Array:
+        return jnp.asarray(self.count - 1, jnp.int32)
+
+    def total(self, x: jax.Array) -> jax.Array:
+        return x
+
+
+def shard_fn(p: Problem, n: int, impl: str):
+    """``x -> o``: the last of ``n`` shards' computation (``hybrid_jax.parallel.recurrence``, its collectives
+    simulated by :class:`OneDevice`), with the kernel options a mixer passes, as :func:`call`."""
+    function = getattr(recurrence, OPS[p.op].function)
+
+    def fn(x: dict) -> jax.Array:
+        gates = (x["g"], x["beta"]) if p.delta else (x["g"],)
+        extra = dict(use_qk_l2norm=True) if p.delta else {}
+        return function(x["q"], x["k"], x["v"], *gates, axis=OneDevice(n), scale=p.scale, chunk_size=p.chunk or None,
+                        impl=impl, **extra)[0]
     return fn
-
-
-def _others(p: Problem, n: int, key: jax.Array) -> dict:
-    """The other ``n - 1`` shards' pairs (random, of the right sizes)."""
-    km, ks = jax.random.split(key)
-    m_shape = (n - 1, p.B, p.HV, p.K, p.K) if p.delta else (n - 1, p.B, p.HV)
-    m = 0.1 * jax.random.normal(km, m_shape, F32) if p.delta else jax.random.uniform(km, m_shape, F32)
-    return dict(m=m, s=jax.random.normal(ks, (n - 1, p.B, p.HV, p.K, p.V), F32))
 
 
 def time_recurrence(p: Problem, n: int, impl: str, repeats: int) -> dict:
     """fwd and fwd+bwd ms of the plain kernel call (:func:`call`, as a mixer makes it without context) and
     :func:`shard_fn` at ``p`` and their ratios."""
     x = inputs(p, initial_state=False)
-    keys = jax.random.split(jax.random.key(1), 3)
-    do = jax.random.normal(keys[0], x["v"].shape, x["v"].dtype)
-    others = _others(p, n, keys[1])
-    own = shard_fn(p, impl)
-    d_pair = jax.tree.map(lambda a: jax.random.normal(keys[2], a.shape, a.dtype),
-                          jax.eval_shape(lambda: own(x, others)[1]))
-    def plain(x: dict) -> jax.Array:
-        return call(p, x, impl)[0]
-
-    def plain_loss(x):
-        return jnp.sum(plain(x).astype(F32) * do.astype(F32))
-
-    def shard_loss(x, others):  # the pair's cotangent: what the reduce-scatter of the other shards' gradients brings
-        o, pair = own(x, others)
-        return jnp.sum(o.astype(F32) * do.astype(F32)) + sum(jnp.sum(a * b) for a, b in zip(pair, d_pair,
-                                                                                             strict=True))
-
-    plain_fwd, shard_fwd = jax.jit(plain), jax.jit(lambda x, o: own(x, o)[0])
-    plain_fb, shard_fb = jax.jit(jax.grad(plain_loss)), jax.jit(jax.grad(shard_loss, argnums=(0, 1)))
-    res = dict(op=p.op, shape=p.shape, shards=n, plain_fwd_ms=median_ms(plain_fwd, x, repeats=repeats),
-               plain_fwdbwd_ms=median_ms(plain_fb, x, repeats=repeats),
-               shard_fwd_ms=median_ms(shard_fwd, x, others, repeats=repeats),
-               shard_fwdbwd_ms=median_ms(shard_fb, x, others, repeats=repeats))
+    do = jax.random.normal(jax.random.key(1), x["v"].shape, x["v"].dtype)
+    forms = {"plain": lambda x: call(p, x, impl)[0], "shard": shard_fn(p, n, impl)}
+    res = dict(op=p.op, shape=p.shape, shards=n)
+    for name, fn in forms.items():
+        loss = functools.partial(lambda fn, x: jnp.sum(fn(x).astype(F32) * do.astype(F32)), fn)
+        res[f"{name}_fwd_ms"] = median_ms(jax.jit(fn), x, repeats=repeats)
+        res[f"{name}_fwdbwd_ms"] = median_ms(jax.jit(jax.grad(loss)), x, repeats=repeats)
     res.update(ratio_fwd=res["shard_fwd_ms"] / res["plain_fwd_ms"],
                ratio_fwdbwd=res["shard_fwdbwd_ms"] / res["plain_fwdbwd_ms"], goal=GOAL)
     res["within_goal"] = res["ratio_fwdbwd"] <= GOAL and res["ratio_fwd"] <= GOAL

@@ -8,28 +8,27 @@ recurrence is affine in the state a shard starts from::
     GLA:         S_t = exp(g_t) S_{t-1} + k_t v_t^T
 
 so a shard's final state is ``M S_in + S_local`` (``M = A_T ... A_1``, ``[K, K]``; for GLA the scalar
-``exp(sum g)``). Each shard
+``exp(sum g)``). Each shard computes its pair ``(M, S_local)`` from a zero state, all-gathers the pairs and a flag
+per row (whether its first token continues the previous shard's last document), runs the exclusive prefix
+``S_in(i+1) = keep(i+1) (M_i S_in(i) + S_local(i))`` (``kernels/recurrent/context.py::shard_prefix``, ``n`` small
+matmuls, the same on every shard) from the caller's ``initial_state`` on shard 0, and gives its exact outputs:
 
-1. computes its pair ``(M, S_local)`` from a zero state. The delta rule's has no closed form: the kernel runs once on
-   ``[v | 0]`` (value width ``V + K``) from the initial state ``[0 | I]``, whose last ``K`` state columns evolve as
-   ``M_t`` (they see no ``v``): the final state is ``[S_local | M]``, the first ``V`` output channels are
-   ``o_local`` and the last ``K`` are ``scale M_t^T q_t``. GLA's is one weighted product per head,
-   ``S_local = sum_t exp(G_T - G_t) k_t v_t^T`` and ``M = exp(G_T)`` (``G`` the cumulative log decay), no kernel;
-2. all-gathers the pairs and a flag per row, whether its first token continues the previous shard's last document,
-   and runs the exclusive prefix ``S_in(i+1) = keep(i+1) (M_i S_in(i) + S_local(i))`` (``n`` small matmuls, the
-   same on every shard) from the caller's ``initial_state`` on shard 0;
-3. gives its exact outputs: the delta rule completes them, ``o = o_local + (scale M_t^T q_t) S_in``; GLA runs its
-   kernel once, from ``S_in``.
+* the delta rule with the Pallas kernels: ``kernels/recurrent/context.py`` (the pair from a state pass that keeps
+  its final state alone, then the plain kernels from ``S_in``; its backward passes the end state's gradient back
+  the same way, under its own VJP);
+* the delta rule in XLA (the reference of that): the kernel runs once on ``[v | 0]`` (value width ``V + K``) from
+  ``[0 | I]``, whose last ``K`` state columns evolve as ``M_t`` (they see no ``v``): the final state is ``[S_local |
+  M]``, the first ``V`` output channels ``o_local`` and the last ``K`` ``scale M_t^T q_t``; the outputs are then
+  completed, ``o = o_local + (scale M_t^T q_t) S_in``; ``jax.grad`` transposes it all;
+* GLA: the pair in closed form, ``S_local = sum_t exp(G_T - G_t) k_t v_t^T`` and ``M = exp(G_T)`` (``G`` the
+  cumulative log decay), no kernel; the kernel then runs once, from ``S_in``.
 
 A document that starts inside a shard cuts the prefix: the kernel's segment ids reset the ``[0 | I]`` columns to 0
 there, so ``M`` and ``M_t`` after it are 0 (GLA: ``S_local`` sums the shard's last document only and ``M`` is 0).
 The returned final state is the whole sequence's (the last shard's, the same on every shard).
 
-Cost (against one kernel call on the shard): the delta rule's kernel runs with value width ``V + K`` instead of ``V``
-(the state-sized work and the outputs grow by ``K / V``; the chunk's ``K x K`` and ``C x C`` products do not), plus
-one ``[T_local, K] x [K, V]`` product per head for the completion; GLA adds one such product for ``S_local``; both
-an all-gather of ``n`` states and transitions per head. Gradients flow through all of it (``jax.grad`` transposes
-the all-gather; the kernels' VJPs give the start state's gradient).
+``axis``: the mesh axis' name, or any object with :class:`hybrid_jax.parallel.shards.Shards`' methods (a
+benchmark's stand-in for ``n`` shards on one device).
 """
 
 from __future__ import annotations
@@ -39,51 +38,31 @@ import jax.numpy as jnp
 
 from hybrid_jax import kernels
 from hybrid_jax.kernels.api import Impl
-from hybrid_jax.parallel.shards import previous_tail, shard_index
+from hybrid_jax.kernels.recurrent.context import chunk_recurrence_sharded, shard_prefix
+from hybrid_jax.kernels.registry import resolve_impl
+from hybrid_jax.parallel.shards import Shards
 
 F32 = jnp.float32
 
 
-def _continues(segment_ids: jax.Array | None, batch: int, axis: str) -> jax.Array:
+def _shards(axis: str | Shards) -> Shards:
+    return Shards(axis) if isinstance(axis, str) else axis
+
+
+def _continues(segment_ids: jax.Array | None, batch: int, shards: Shards) -> jax.Array:
     """``[B]`` bool: this shard's first token is in the document the previous shard ends in (always, without ids)."""
     if segment_ids is None:
         return jnp.ones((batch,), bool)
-    return segment_ids[:, 0] == previous_tail(segment_ids, 1, axis, fill=-1)[:, 0]
+    return segment_ids[:, 0] == shards.previous_tail(segment_ids, 1, fill=-1)[:, 0]
 
 
 def _start_states(transition: jax.Array, local: jax.Array, keep: jax.Array, initial_state: jax.Array | None,
-                  axis: str) -> tuple[jax.Array, jax.Array]:
+                  shards: Shards) -> tuple[jax.Array, jax.Array]:
     """The exclusive prefix over the shards of ``S -> M S + S_local``: all-gathers this shard's ``transition`` (``M``,
     ``[B, HV, K, K]`` or ``[B, HV]``), ``local`` (``S_local [B, HV, K, V]``) and ``keep`` (``[B]``), then
-    :func:`shard_prefix`."""
-    gathered = (jax.lax.all_gather(transition.astype(F32), axis), jax.lax.all_gather(local, axis),
-                jax.lax.all_gather(keep, axis))
-    return shard_prefix(*gathered, initial_state, shard_index(axis))
-
-
-def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array, initial_state: jax.Array | None,
-                 index: int | jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The exclusive prefix of ``S -> M_i S + S_local(i)`` over the ``n`` gathered pairs, the same on every shard.
-
-    Args:
-      transitions: ``M`` of every shard, ``[n, B, HV, K, K]`` (``S_out = M @ S_in``) or ``[n, B, HV]`` (a scalar per
-        head), float32.
-      locals_: ``S_local [n, B, HV, K, V]`` float32, each shard's final state from a zero start.
-      keeps: ``[n, B]`` bool, shard ``i``'s first token continues shard ``i - 1``'s document (else it starts at 0).
-      initial_state: ``[B, HV, K, V]``, shard 0's start state (``None``: zeros).
-      index: the shard whose start state is returned.
-    Returns ``(shard index's start state, the last shard's final state)``, both ``[B, HV, K, V]`` float32.
-    """
-    state = jnp.zeros_like(locals_[0]) if initial_state is None else initial_state.astype(F32)
-    starts = []
-    for i in range(transitions.shape[0]):
-        if i:
-            state = jnp.where(keeps[i][:, None, None, None], state, 0.0)
-        starts.append(state)
-        m = transitions[i]
-        carried = jnp.einsum("bhij,bhjv->bhiv", m, state) if m.ndim == 4 else m[..., None, None] * state
-        state = carried + locals_[i]
-    return jnp.stack(starts)[index], state
+    ``shard_prefix``."""
+    gathered = (shards.gather(transition.astype(F32)), shards.gather(local), shards.gather(keep))
+    return shard_prefix(*gathered, initial_state, shards.index())
 
 
 def widened_delta_rule(kernel, q, k, v, g, beta, *, scale, use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids
@@ -106,18 +85,26 @@ def complete_delta_rule(o_local: jax.Array, q_through: jax.Array, start: jax.Arr
     return o.astype(o_local.dtype)
 
 
-def _delta_rule(kernel, q, k, v, g, beta, *, axis: str, scale, initial_state, output_final_state: bool,
+def _delta_rule(kernel, q, k, v, g, beta, *, axis: str | Shards, scale, initial_state, output_final_state: bool,
                 use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids):
     """GDN or KDA (``kernel``) on this shard's part; see the module docstring."""
+    shards = _shards(axis)
+    keep = _continues(segment_ids, v.shape[0], shards)
+    impl = resolve_impl(impl, kernel.__name__)
+    if impl in ("pallas", "pallas_interpret"):
+        return chunk_recurrence_sharded(q, k, v, g, beta, exchange=shards, keep=keep, scale=scale,
+                                        initial_state=initial_state, output_final_state=output_final_state,
+                                        use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                                        interpret=impl == "pallas_interpret", segment_ids=segment_ids)
     o_local, q_through, transition, local = widened_delta_rule(
         kernel, q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl,
         segment_ids=segment_ids)
-    start, final = _start_states(transition, local, _continues(segment_ids, v.shape[0], axis), initial_state, axis)
+    start, final = _start_states(transition, local, keep, initial_state, shards)
     return complete_delta_rule(o_local, q_through, start), (final if output_final_state else None)
 
 
 def chunk_gated_delta_rule(
-    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, axis: str,
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, axis: str | Shards,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
     use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
     segment_ids: jax.Array | None = None,
@@ -132,7 +119,7 @@ def chunk_gated_delta_rule(
 
 
 def chunk_kda(
-    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, axis: str,
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, axis: str | Shards,
     scale: float | None = None, initial_state: jax.Array | None = None, output_final_state: bool = False,
     use_qk_l2norm: bool = False, chunk_size: int | None = None, impl: Impl = "auto",
     segment_ids: jax.Array | None = None,
@@ -145,7 +132,7 @@ def chunk_kda(
 
 
 def chunk_simple_gla(
-    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *, axis: str, scale: float | None = None,
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, *, axis: str | Shards, scale: float | None = None,
     initial_state: jax.Array | None = None, output_final_state: bool = False, chunk_size: int | None = None,
     impl: Impl = "auto", segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -153,8 +140,10 @@ def chunk_simple_gla(
     :func:`chunk_gated_delta_rule`. The shard's pair (:func:`local_simple_gla`) needs no kernel, so the kernel runs
     once, from the shard's true start state: no completion pass."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    shards = _shards(axis)
     transition, local = local_simple_gla(k, v, g, segment_ids=segment_ids)
-    start, final = _start_states(transition, local, _continues(segment_ids, q.shape[0], axis), initial_state, axis)
+    start, final = _start_states(transition, local, _continues(segment_ids, q.shape[0], shards), initial_state,
+                                 shards)
     o, _ = kernels.chunk_simple_gla(q, k, v, g, scale=scale, initial_state=start, chunk_size=chunk_size, impl=impl,
                                     segment_ids=segment_ids)
     return o, (final if output_final_state else None)

@@ -4,6 +4,7 @@ of ``[B, T, ...]`` arrays) split over it; shard ``i`` of ``n`` holds tokens ``[i
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -56,3 +57,27 @@ def swap_mirror(x: Any, axis: str) -> Any:
 def from_last_shard(x: jax.Array, axis: str) -> jax.Array:
     """The last shard's ``x`` (any shape) on every shard of ``axis`` (one ``psum``, the other shards adding zeros)."""
     return jax.lax.psum(jnp.where(shard_index(axis) == shard_count(axis) - 1, x, jnp.zeros_like(x)), axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    """The shards of ``axis`` as the recurrences' prefix exchanges with them (``kernels/recurrent/context.py``'s
+    ``Exchange``; a benchmark stands in for it on one device): all-gathers, the index, a sum, the previous tail."""
+
+    axis: str
+
+    def gather(self, x: jax.Array) -> jax.Array:
+        """Every shard's ``x``, ``[n, *x.shape]`` in shard order (an all-gather)."""
+        return jax.lax.all_gather(x, self.axis)
+
+    def index(self) -> jax.Array:
+        """This shard's index."""
+        return shard_index(self.axis)
+
+    def total(self, x: jax.Array) -> jax.Array:
+        """The sum of ``x`` over the shards (a ``psum``)."""
+        return jax.lax.psum(x, self.axis)
+
+    def previous_tail(self, x: jax.Array, n: int, fill: int | float = 0) -> jax.Array:
+        """:func:`previous_tail` on this axis."""
+        return previous_tail(x, n, self.axis, fill)

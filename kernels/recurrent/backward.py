@@ -55,9 +55,9 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       gamma_ref,  # [T] or [T, K]
                       do_ref,  # [T, BV]
                       dfinal_ref,  # [K, BV]: the gradient of the final state
-                      dh_ref,  # [N, K, BV] out: the gradient of each chunk's end state
-                      dv_new_ref,  # [T, BV] out, float32
                       dh0_ref,  # [K, BV] out, float32: the gradient of the initial state
+                      dh_ref=None,  # [N, K, BV] out: the gradient of each chunk's end state (None: dh0 only)
+                      dv_new_ref=None,  # [T, BV] out, float32 (None: dh0 only)
                       w_ref=None,  # [T, K] (delta rule)
                       p_ref=None,  # [T, C]: P from the forward, else recomputed (scalar gate only)
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
@@ -66,7 +66,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       rel_ref=None,  # [T] int32: packed documents, P recomputed (no delta rule; q, k unmasked)
                       chunk: int, n_chunks: int, scale: float):
     """Reverse sequential pass for one (batch, head, V tile). Per chunk (last to first), with ``ds`` the gradient of
-    the state at the chunk's end::
+    the state at the chunk's end (without ``dh_ref`` and ``dv_new_ref``: ``dh0`` alone)::
 
         d(v_new) = P^T dO + K_end ds;   ds <- exp(gamma_last) ds + (scale Q exp(gamma))^T dO - w^T d(v_new)
 
@@ -82,7 +82,8 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
     def body(step, ds, keep):
         c = n_chunks - 1 - step
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
-        dh_ref[c] = ds.astype(dh_ref.dtype)
+        if dh_ref is not None:
+            dh_ref[c] = ds.astype(dh_ref.dtype)
         if hdh_ref is not None:
             hdh_ref[pl.ds(c, 1), :] = jnp.sum(h_ref[c].astype(F32) * ds, axis=1)[None, :]
         q = q_ref[rows, :]
@@ -103,7 +104,8 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
             p_t = p_ref[rows, :].T
         k_end = (k.astype(F32) * bm.per_column(end_factor)).astype(cd)
         dv_new = bm.dot(p_t, do) + bm.dot(k_end, ds.astype(cd))
-        dv_new_ref[rows, :] = dv_new.astype(dv_new_ref.dtype)
+        if dv_new_ref is not None:
+            dv_new_ref[rows, :] = dv_new.astype(dv_new_ref.dtype)
         qd = (q.astype(F32) * scale * bm.per_column(start_factor)).astype(cd)
         ds = segs.kept(bm.state_decay(gamma_last), keep) * ds + bm.dot(qd.T, do)
         if w_ref is not None:
@@ -181,14 +183,15 @@ def _grad_wy_kernel(*, k_ref,  # [C, K]
     bm.store_blocks(dbeta_ref, dbeta)
 
 
-def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) -> tuple:
+def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, start_only: bool = False) -> tuple:
     """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
     state) ``[B,HV,K,V]`` float32 and, where ``RecurrentConfig.hdh_in_state_bwd``, ``hdh [B,N,HV,K]`` float32
-    (``sum_v h dh`` per chunk, from the float32 ``dh``), else None."""
+    (``sum_v h dh`` per chunk, from the float32 ``dh``), else None. ``start_only``: d(initial state) alone, nothing
+    else written (a context shard's own start-state gradient: ``kernels/recurrent/context.py``)."""
     delta = res.w is not None
     d = dims(static, res.q, do, res.gamma, static.cfg.state_bwd_block_v(delta))
     s, C = d.specs, static.chunk
-    hdh = static.cfg.hdh_in_state_bwd(d.K, d.V)
+    hdh = static.cfg.hdh_in_state_bwd(d.K, d.V) and not start_only
     kernel = functools.partial(_state_bwd_kernel, chunk=C, n_chunks=d.N, scale=static.scale)
     kernel = summing_gate(kernel, static, res.gamma, "gamma_ref")
     masks = res.rel is not None and res.p is None  # the kernel masks q, k and the recomputed P itself
@@ -210,9 +213,10 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
         inputs["keep_ref"] = (keeps, s.words_seq(keeps.shape[1]))
     if masks:
         inputs["rel_ref"] = (res.rel, s.tokens_seq())
-    outputs = {"dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
-               "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq()),
-               "dh0_ref": (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))}
+    outputs = {} if start_only else {
+        "dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
+        "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq())}
+    outputs["dh0_ref"] = (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))
     if hdh:
         outputs["hdh_ref"] = (sds((d.B, d.N, d.HV, d.V // d.BV, d.K), F32), s.keys_per_vtile_seq(d.N, d.K))
     # one chunk's loads (q, k, gate, w, P, dO tile, rel): a pipeline stage's shared memory (the snapshot tile read for
@@ -222,6 +226,8 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array) 
                  + d.BV * do.dtype.itemsize + (4 if masks else 0))
     launch = fit_stages(static.cfg.state_bwd, stage, static.cfg.shared_memory)
     outs = call(kernel, "state_bwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
+    if start_only:
+        return (outs[0],)
     return (*outs[:3], jnp.sum(outs[3], axis=3) if hdh else None)
 
 

@@ -74,16 +74,17 @@ def _state_kernel(*, k_ref,  # [T, K]
                   gamma_ref,  # [T] or [T, K]
                   u_ref,  # [T, BV]: u (delta rule) or V
                   h0_ref,  # [K, BV]
-                  h_ref,  # [N, K, BV] out: the state at each chunk's start
                   final_ref,  # [K, BV] out, float32
+                  h_ref=None,  # [N, K, BV] out: the state at each chunk's start (None: the final state only)
                   w_ref=None,  # [T, K] (delta rule)
-                  v_new_ref=None,  # [T, BV] out (delta rule)
+                  v_new_ref=None,  # [T, BV] out (delta rule; None: the final state only)
                   q_ref=None,  # [T, K]: with o_ref
                   p_ref=None,  # [T, C]: with o_ref
                   o_ref=None,  # [T, BV] out (RecurrentConfig.output_in_state)
                   keep_ref=None,  # [W] int32: packed documents (segments.chunk_keeps)
                   chunk: int, n_chunks: int, scale: float | None = None):
-    """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state; with ``o_ref`` also
+    """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state (without ``h_ref``
+    and ``v_new_ref``: the final state alone); with ``o_ref`` also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the snapshot
     is). With ``keep_ref`` (``k`` and ``q`` then masked by ``segments.sequential_qk``) the start state's decay
     follows the chunk's documents."""
@@ -91,14 +92,16 @@ def _state_kernel(*, k_ref,  # [T, K]
 
     def body(c, s, keep):
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
-        h_ref[c] = s.astype(h_ref.dtype)
+        if h_ref is not None:
+            h_ref[c] = s.astype(h_ref.dtype)
         k = k_ref[rows, :]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
         v_new = u_ref[rows, :].astype(F32)
         if w_ref is not None:
             v_new = v_new - bm.dot(w_ref[rows, :], s.astype(cd))
-            v_new_ref[rows, :] = v_new.astype(v_new_ref.dtype)
+            if v_new_ref is not None:
+                v_new_ref[rows, :] = v_new.astype(v_new_ref.dtype)
         if o_ref is not None:
             qd = (q_ref[rows, :].astype(F32) * scale * bm.per_column(jnp.exp(gamma))).astype(cd)
             o_ref[rows, :] = (bm.dot(qd, s.astype(cd)) + bm.dot(p_ref[rows, :], v_new.astype(cd))).astype(o_ref.dtype)
@@ -155,11 +158,13 @@ def wy(static: Static, k, v, gamma, beta, q=None, rel=None, redo_far: bool = Tru
                                    per_program=static.cfg.chunks_per_program_at(d.K, d.V)))
 
 
-def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> tuple[jax.Array, ...]:
+def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None, final_only: bool = False
+              ) -> tuple[jax.Array, ...]:
     """-> ``h [B,N,HV,K,V]`` (state at each chunk start), ``v_new [B,T,HV,V]`` (delta rule only: ``w`` given,
     else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32 and, with ``q`` and ``P`` (from
     :func:`wy`; ``RecurrentConfig.output_in_state``), the output ``o [B,T,HV,V]`` (input dtype). ``rel``: see
-    :func:`wy`; with it ``q`` and ``k`` are masked (``segments.sequential_qk``)."""
+    :func:`wy`; with it ``q`` and ``k`` are masked (``segments.sequential_qk``). ``final_only``: ``(final state,)``
+    alone, no snapshot or ``v_new`` written (a context shard's transition: ``kernels/recurrent/context.py``)."""
     d = dims(static, k, u, gamma)
     s, C = d.specs, static.chunk
     delta, with_o = w is not None, q is not None
@@ -175,9 +180,11 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
         keeps = segs.chunk_keeps(rel, C)
         inputs["keep_ref"] = (keeps, s.words_seq(keeps.shape[1]))
     tile = (sds((d.B, d.T, d.HV, d.V), k.dtype), s.vtile_seq())  # v_new, o: [B,T,HV,V] outputs in V tiles
-    outputs = {"h_ref": (sds((d.B, d.N, d.HV, d.K, d.V), k.dtype), s.snapshots_seq(d.N, d.K))}
-    if delta:
-        outputs["v_new_ref"] = tile
+    outputs = {}
+    if not final_only:
+        outputs["h_ref"] = (sds((d.B, d.N, d.HV, d.K, d.V), k.dtype), s.snapshots_seq(d.N, d.K))
+        if delta:
+            outputs["v_new_ref"] = tile
     if with_o:
         outputs["o_ref"] = tile
     outputs["final_ref"] = (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))
@@ -186,7 +193,10 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None) -> t
     stage = C * (d.K * isz * (2 if delta else 1) + gate_bytes(gamma) + d.BV * u.dtype.itemsize
                  + ((d.K + C) * isz if with_o else 0))
     launch = fit_stages(static.cfg.state, stage, static.cfg.shared_memory)
-    h, *tiles, final = call(kernel, "state_fwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
+    *rest, final = call(kernel, "state_fwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
+    if final_only:
+        return (final,)
+    h, *tiles = rest
     v_new = tiles[0] if delta else u
     return (h, v_new, final, tiles[-1]) if with_o else (h, v_new, final)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,21 +25,46 @@ from hybrid_jax.kernels.recurrent.segments import sequential_qk
 from hybrid_jax.kernels.tuning import RecurrentConfig, recurrent_config, recurrent_op
 
 
+class WY(NamedTuple):
+    """The forward's first stage: ``u, w [B,T,HV,*]``, ``t`` (``T``) and ``p`` (the output's ``P`` where the state
+    pass writes the output, else None) from :func:`forward.wy`, ``q_seq, k_seq`` (``segments.sequential_qk``)."""
+
+    u: jax.Array
+    w: jax.Array | None
+    t: jax.Array | None
+    p: jax.Array | None
+    q_seq: jax.Array
+    k_seq: jax.Array
+
+
+def wy_stage(static: Static, q, k, v, gamma, beta, rel) -> WY:
+    """The WY transform (the delta rule; ``beta=None``: ``u = v``), and ``q``, ``k`` as the state passes take them."""
+    q_seq, k_seq = sequential_qk(q, k, rel, static.chunk)
+    if beta is None:
+        return WY(v, None, None, None, q_seq, k_seq)
+    if static.cfg.output_in_state_at(k.shape[-1], v.shape[-1]):
+        return WY(*wy(static, k, v, gamma, beta, q, rel=rel), q_seq, k_seq)
+    return WY(*wy(static, k, v, gamma, beta, rel=rel), None, q_seq, k_seq)
+
+
+def from_start(static: Static, q, k, v, gamma, beta, h0, rel, s: WY) -> tuple[jax.Array, jax.Array, Residuals]:
+    """The forward after :func:`wy_stage`, from the start state ``h0`` -> ``(o, final state, residuals)``."""
+    if s.p is not None:
+        h, v_new, final, o = state_fwd(static, s.k_seq, gamma, s.w, s.u, h0, s.q_seq, s.p, rel=rel)
+        return o, final, Residuals(q, k, v, gamma, beta, s.w, s.t, h, v_new, s.p, rel, s.q_seq, s.k_seq)
+    h, v_new, final = state_fwd(static, s.k_seq, gamma, s.w, s.u, h0, rel=rel)
+    o, p = output(static, q, k, v_new, gamma, h, rel=rel, delta=beta is not None)
+    return o, final, Residuals(q, k, v, gamma, beta, s.w, s.t, h, v_new, p, rel, s.q_seq, s.k_seq)
+
+
 def _forward(static: Static, q, k, v, gamma, beta, h0, rel) -> tuple[jax.Array, jax.Array, Residuals]:
     """Padded inputs (``rel``: packed documents, ``reference.chunk_segments``, or None) -> ``(o, final state,
     residuals)``."""
-    q_seq, k_seq = sequential_qk(q, k, rel, static.chunk)
-    if beta is not None and static.cfg.output_in_state_at(k.shape[-1], v.shape[-1]):
-        u, w, t, p = wy(static, k, v, gamma, beta, q, rel=rel)
-        h, v_new, final, o = state_fwd(static, k_seq, gamma, w, u, h0, q_seq, p, rel=rel)
-        return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
-    u, w, t = wy(static, k, v, gamma, beta, rel=rel) if beta is not None else (v, None, None)
-    h, v_new, final = state_fwd(static, k_seq, gamma, w, u, h0, rel=rel)
-    o, p = output(static, q, k, v_new, gamma, h, rel=rel, delta=beta is not None)
-    return o, final, Residuals(q, k, v, gamma, beta, w, t, h, v_new, p, rel, q_seq, k_seq)
+    return from_start(static, q, k, v, gamma, beta, h0, rel, wy_stage(static, q, k, v, gamma, beta, rel))
 
 
-def _backward(static: Static, res: Residuals, do, dfinal):
+def backward(static: Static, res: Residuals, do, dfinal):
+    """The VJP of :func:`_forward` from its residuals and the cotangents of ``o`` and the final state (float32)."""
     B, T, H, K = res.q.shape
     do = do.astype(res.q.dtype)
     dh, dv_new, dh0, hdh = state_bwd(static, res, do, dfinal)
@@ -67,13 +93,13 @@ def _chunked_fwd(static: Static, q, k, v, gamma, beta, h0, rel):
 
 def _chunked_bwd(static: Static, res: Residuals, cts):
     do, dfinal = cts
-    return _backward(static, res, do, dfinal.astype(F32))
+    return backward(static, res, do, dfinal.astype(F32))
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
-def _per_batch_shard(fn, batch: int):
+def per_batch_shard(fn, batch: int):
     """``fn`` (arrays with a leading batch dim in and out) run on each device's batch shard when a mesh is set
     (``jax.set_mesh``) and its size divides the batch: XLA does not partition Pallas calls, so under a
     batch-sharded ``jit`` without this every device would gather and process the whole batch."""
@@ -122,6 +148,57 @@ def _pow2_at_least_16(n: int) -> int:
     return max(16, pl.next_power_of_2(n))
 
 
+class Padded(NamedTuple):
+    """The op's inputs as the launches take them (:func:`prepare`): ``static``, padded ``q, k, v``, the kernels' gate
+    ``gamma``, ``beta`` (or None), the start state ``h0 [B,HV,Kp,Vp]`` float32 and ``rel`` (packed documents, or
+    None); ``T, K, V`` and ``dtype``: the caller's sizes and output dtype, to cut the results back to."""
+
+    static: Static
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    gamma: jax.Array
+    beta: jax.Array | None
+    h0: jax.Array
+    rel: jax.Array | None
+    T: int
+    K: int
+    V: int
+    dtype: jnp.dtype
+
+
+def prepare(q, k, v, g, beta, *, scale, initial_state, use_qk_l2norm: bool, chunk_size, interpret: bool,
+            config: RecurrentConfig | None, segment_ids) -> Padded:
+    """:func:`chunk_recurrence`'s arguments -> :class:`Padded` (the XLA glue before the launches)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    op = recurrent_op(per_key=g.ndim == 4, delta=beta is not None)
+    config = config or recurrent_config(per_key=g.ndim == 4, op=op, dims=(_pow2_at_least_16(K), _pow2_at_least_16(V)))
+    C = config.chunk if chunk_size is None else chunk_size
+    if C < 16 or C & (C - 1):
+        raise ValueError(f"chunk_size must be a power of two >= 16, got {C}")
+    scale = K**-0.5 if scale is None else scale
+    if use_qk_l2norm:
+        q, k = reference.l2_normalize(q).astype(q.dtype), reference.l2_normalize(k).astype(k.dtype)
+    out_dtype = v.dtype
+    cd = jnp.promote_types(q.dtype, v.dtype)
+    q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
+    Tp, Kp, Vp = -(-T // C) * C, _pow2_at_least_16(K), _pow2_at_least_16(V)
+
+    def pad(x, *widths):
+        return jnp.pad(x, [(0, 0)] + [(0, w) for w in widths]) if any(widths) else x
+
+    q, k = pad(q, Tp - T, 0, Kp - K), pad(k, Tp - T, 0, Kp - K)
+    v = pad(v, Tp - T, 0, Vp - V)
+    g = pad(g.astype(F32), Tp - T, 0, *([Kp - K] if g.ndim == 4 else []))
+    gamma = kernel_gate(g, C, config)
+    beta = None if beta is None else pad(beta, Tp - T, 0)
+    h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
+    h0 = pad(h0, 0, Kp - K, Vp - V)
+    rel = None if segment_ids is None else reference.chunk_segments(segment_ids, C)
+    return Padded(Static(float(scale), C, config, interpret), q, k, v, gamma, beta, h0, rel, T, K, V, out_dtype)
+
+
 def chunk_recurrence(
     q: jax.Array,
     k: jax.Array,
@@ -155,32 +232,8 @@ def chunk_recurrence(
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [B,HV,K,V] float32)``, the same function as
     :func:`hybrid_jax.kernels.reference.naive_recurrence`, differentiable in every array argument.
     """
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    op = recurrent_op(per_key=g.ndim == 4, delta=beta is not None)
-    config = config or recurrent_config(per_key=g.ndim == 4, op=op, dims=(_pow2_at_least_16(K), _pow2_at_least_16(V)))
-    C = config.chunk if chunk_size is None else chunk_size
-    if C < 16 or C & (C - 1):
-        raise ValueError(f"chunk_size must be a power of two >= 16, got {C}")
-    scale = K**-0.5 if scale is None else scale
-    if use_qk_l2norm:
-        q, k = reference.l2_normalize(q).astype(q.dtype), reference.l2_normalize(k).astype(k.dtype)
-    out_dtype = v.dtype
-    cd = jnp.promote_types(q.dtype, v.dtype)
-    q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
-    Tp, Kp, Vp = -(-T // C) * C, _pow2_at_least_16(K), _pow2_at_least_16(V)
-
-    def pad(x, *widths):
-        return jnp.pad(x, [(0, 0)] + [(0, w) for w in widths]) if any(widths) else x
-
-    q, k = pad(q, Tp - T, 0, Kp - K), pad(k, Tp - T, 0, Kp - K)
-    v = pad(v, Tp - T, 0, Vp - V)
-    g = pad(g.astype(F32), Tp - T, 0, *([Kp - K] if g.ndim == 4 else []))
-    gamma = kernel_gate(g, C, config)
-    beta = None if beta is None else pad(beta, Tp - T, 0)
-    h0 = jnp.zeros((B, HV, K, V), F32) if initial_state is None else initial_state.astype(F32)
-    h0 = pad(h0, 0, Kp - K, Vp - V)
-    rel = None if segment_ids is None else reference.chunk_segments(segment_ids, C)
-    static = Static(float(scale), C, config, interpret)
-    o, final = _per_batch_shard(functools.partial(_chunked, static), B)(q, k, v, gamma, beta, h0, rel)
-    return o[:, :T, :, :V].astype(out_dtype), final[:, :, :K, :V]
+    x = prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
+                chunk_size=chunk_size, interpret=interpret, config=config, segment_ids=segment_ids)
+    o, final = per_batch_shard(functools.partial(_chunked, x.static), q.shape[0])(
+        x.q, x.k, x.v, x.gamma, x.beta, x.h0, x.rel)
+    return o[:, :x.T, :, :x.V].astype(x.dtype), final[:, :, :x.K, :x.V]

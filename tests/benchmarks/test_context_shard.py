@@ -10,16 +10,17 @@ from benchmarks import context_shard
 
 def test_context_shard_record_at_tiny_shapes(tmp_path):
     context_shard.main(["--smoke", "--impl", "xla", "--seq", "64", "--shards", "2", "--repeats", "1", "--only", "gla",
-                        "attention", "--out", str(tmp_path)])
+                        "gdn", "attention", "--out", str(tmp_path)])
     figures = json.loads((tmp_path / "context_shard.json").read_text())["figures"]
     assert (figures["seq"], figures["shards"], figures["impl"]) == (64, 2, "xla")
     results = figures["results"]
-    assert sorted(r["op"] for r in results.values()) == ["attention", "gla"]
+    assert sorted(r["op"] for r in results.values()) == ["attention", "gdn", "gla"]
     gla = results["gla (zebra_1b_mamba2_hybrid)"]
     assert gla["shape"] == "B1 T32 H1/2 K16 V16 bfloat16" and gla["goal"] == 1.25
-    for what in ("fwd", "fwdbwd"):
-        assert gla[f"ratio_{what}"] == pytest.approx(gla[f"shard_{what}_ms"] / gla[f"plain_{what}_ms"])
-    assert gla["within_goal"] == (max(gla["ratio_fwd"], gla["ratio_fwdbwd"]) <= 1.25)
+    for r in (gla, results["gdn (zebra_1b_gdn_hybrid)"]):
+        for what in ("fwd", "fwdbwd"):
+            assert r[f"ratio_{what}"] == pytest.approx(r[f"shard_{what}_ms"] / r[f"plain_{what}_ms"])
+        assert r["within_goal"] == (max(r["ratio_fwd"], r["ratio_fwdbwd"]) <= 1.25)
     mla = results["attention (zebra_1b_kda_hybrid_64k)"]
     assert mla["keys"] == 64 and len(mla["shard_fwd_ms"]) == len(mla["shard_fwdbwd_ms"]) == 2
     assert mla["ratio_max_fwdbwd"] == pytest.approx(max(mla["shard_fwdbwd_ms"]) / mla["plain_fwdbwd_ms"])

@@ -2,7 +2,8 @@
 (``kernels.reference.naive_recurrence``) on the whole sequence: GDN, KDA and GLA (Mamba2's SSD) over 4 shards, with
 an initial state, the final state, grouped value heads and packed documents whose boundaries fall on, just before
 and just after shard edges (and none); outputs, final states and the gradients of every input, the initial state
-included."""
+included; in XLA and with the Pallas kernels (interpreted: the delta rule's two-pass op,
+``kernels/recurrent/context.py``, on shards of 8 tokens, ragged against its chunk of 16)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def reference(name: str, x: dict, seg):
                             use_qk_l2norm=delta, segment_ids=seg)
 
 
-def context_parallel(name: str, x: dict, seg):
+def context_parallel(name: str, x: dict, seg, impl: str = "xla"):
     fn, _, delta = OPS[name]
     mesh = Mesh(np.asarray(jax.devices()[:N]), ("context",))
     time, whole = PartitionSpec(None, "context"), PartitionSpec()
@@ -61,15 +62,15 @@ def context_parallel(name: str, x: dict, seg):
         gates = (x["g"], x["beta"]) if delta else (x["g"],)
         extra = dict(use_qk_l2norm=True) if delta else {}
         return fn(x["q"], x["k"], x["v"], *gates, axis="context", initial_state=x["h0"], output_final_state=True,
-                  chunk_size=16, impl="xla", segment_ids=seg, **extra)
+                  chunk_size=16, impl=impl, segment_ids=seg, **extra)
 
     specs = {key: whole if key == "h0" else time for key in x}
     return jax.shard_map(local, mesh=mesh, in_specs=(specs, None if seg is None else time),
                          out_specs=(time, whole), check_vma=False)(x, seg)
 
 
-@pytest.mark.parametrize("documents", [True, False])
-def test_context_parallel_recurrences_equal_the_token_scan(documents):
+@pytest.mark.parametrize("documents,impl", [(True, "xla"), (False, "xla"), (True, "pallas_interpret")])
+def test_context_parallel_recurrences_equal_the_token_scan(documents, impl):
     seg = segment_ids() if documents else None
     xs = {name: inputs(name) for name in OPS}
     weights = {name: (jax.random.normal(jax.random.PRNGKey(7), (B, T, HV, V)),
@@ -83,7 +84,7 @@ def test_context_parallel_recurrences_equal_the_token_scan(documents):
         return jax.jit(jax.value_and_grad(loss, has_aux=True))(xs)
 
     (_, want), want_grads = results(reference)
-    (_, got), got_grads = results(context_parallel)
+    (_, got), got_grads = results(lambda name, x, seg: context_parallel(name, x, seg, impl))
     for name in OPS:
         for what, a, b in (("output", got[name][0], want[name][0]), ("final state", got[name][1], want[name][1])):
             assert rel_err(a, b) < 1e-5, f"{name} {what}: {rel_err(a, b):.2e}"

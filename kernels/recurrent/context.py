@@ -1,0 +1,171 @@
+"""The delta rule (GDN, KDA) on one shard of a sequence split over devices (context parallelism): exact, two passes.
+
+Per value head the state recurrence is affine in the state a shard starts from: its end state is ``M S_in +
+S_local`` (``M [K, K]`` the shard's transition, ``S_local`` its end state from a zero start). Inside a
+``shard_map`` over the time axis, each shard, with ``n`` shards in all:
+
+forward
+  1. the WY transform (once, shared by 2 and 4);
+  2. its pair ``(M, S_local)``: one state pass on ``[u | 0]`` from ``[0 | I]`` (value width ``V + K``) that keeps
+     its final state alone, ``[S_local | M]`` (the last ``K`` columns see no ``u``, so they evolve as ``M_t``);
+  3. gathers every shard's pair and :func:`shard_prefix` gives its true start state ``S_in`` and the sequence's
+     final state;
+  4. the plain forward (state pass, output) from ``S_in``: its outputs are exact, its residuals the plain ones.
+
+backward
+  5. the reverse state pass alone from a zero end gradient: ``dS_own``, the gradient of its own outputs with
+     respect to its start state;
+  6. gathers every shard's ``dS_own`` and :func:`reverse_prefix` gives ``dS_end``, the gradient of its end state from
+     every later shard and the final state;
+  7. the plain backward with ``dS_end`` as the end state's gradient: every input's gradient, exact (the shard's end
+     state is ``M S_in + S_local`` and later shards see it only through that).
+
+Against the plain call on the shard this adds one forward state pass of width ``V + K`` that writes nothing but
+its final state, one reverse state pass that writes nothing but its start gradient, and the prefixes (``n`` small
+products per head, the same on every shard); the collectives move ``K (K + V)`` floats per head forward and ``K V``
+back. ``hybrid_jax.parallel.recurrence`` calls it for the Pallas kernels; its XLA form (one widened call and a
+completion product) is the reference it is tested against, with the token-by-token recurrence.
+
+A document that starts inside a shard cuts the prefix: the kernels' segment ids reset the ``[0 | I]`` columns to 0
+there (``M`` = 0), and a shard whose first token starts a document (``keep`` false) starts from 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.kernels.recurrent.backward import state_bwd
+from hybrid_jax.kernels.recurrent.block_math import F32
+from hybrid_jax.kernels.recurrent.forward import state_fwd
+from hybrid_jax.kernels.recurrent.launch import Static
+from hybrid_jax.kernels.recurrent.op import WY, backward, from_start, per_batch_shard, prepare, wy_stage
+
+
+class Exchange(Protocol):
+    """What a shard needs from the others (``hybrid_jax.parallel.shards.Shards`` over a mesh axis; a benchmark's
+    stand-in on one device). Hashable: it is a static argument of the op."""
+
+    def gather(self, x: jax.Array) -> jax.Array:
+        """Every shard's ``x`` stacked in shard order: ``[n, *x.shape]``."""
+
+    def index(self) -> jax.Array:
+        """This shard's index (int32 scalar)."""
+
+    def total(self, x: jax.Array) -> jax.Array:
+        """The sum of ``x`` over the shards."""
+
+
+def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array, initial_state: jax.Array | None,
+                 index: int | jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The exclusive prefix of ``S -> M_i S + S_local(i)`` over the ``n`` gathered pairs, the same on every shard.
+
+    Args:
+      transitions: ``M`` of every shard, ``[n, B, HV, K, K]`` (``S_out = M @ S_in``) or ``[n, B, HV]`` (a scalar per
+        head), float32.
+      locals_: ``S_local [n, B, HV, K, V]`` float32, each shard's final state from a zero start.
+      keeps: ``[n, B]`` bool, shard ``i``'s first token continues shard ``i - 1``'s document (else it starts at 0).
+      initial_state: ``[B, HV, K, V]``, shard 0's start state (``None``: zeros).
+      index: the shard whose start state is returned.
+    Returns ``(shard index's start state, the last shard's final state)``, both ``[B, HV, K, V]`` float32.
+    """
+    state = jnp.zeros_like(locals_[0]) if initial_state is None else initial_state.astype(F32)
+    starts = []
+    for i in range(transitions.shape[0]):
+        if i:
+            state = jnp.where(keeps[i][:, None, None, None], state, 0.0)
+        starts.append(state)
+        m = transitions[i]
+        carried = jnp.einsum("bhij,bhjv->bhiv", m, state) if m.ndim == 4 else m[..., None, None] * state
+        state = carried + locals_[i]
+    return jnp.stack(starts)[index], state
+
+
+def reverse_prefix(transitions: jax.Array, own: jax.Array, keeps: jax.Array, d_final: jax.Array,
+                   index: int | jax.Array) -> jax.Array:
+    """The gradient of shard ``index``'s end state, the transpose of :func:`shard_prefix`'s chain: the last shard's
+    is ``d_final``; shard ``i - 1``'s is ``keep(i) (dS_own(i) + M_i^T dS_end(i))``.
+
+    Args: ``transitions [n, B, HV, K, K]`` and ``keeps [n, B]`` as :func:`shard_prefix`'s; ``own [n, B, HV, K, V]``
+    float32, each shard's ``dS_own`` (its outputs' gradient of its start state); ``d_final [B, HV, K, V]``: the
+    gradient of the sequence's final state. Returns ``[B, HV, K, V]`` float32."""
+    d_end = d_final.astype(F32)
+    ends = [d_end]
+    for i in range(transitions.shape[0] - 1, 0, -1):
+        d_start = own[i] + jnp.einsum("bhji,bhjv->bhiv", transitions[i], d_end)
+        d_end = jnp.where(keeps[i][:, None, None, None], d_start, 0.0)
+        ends.append(d_end)
+    return jnp.stack(ends[::-1])[index]
+
+
+def _pair(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Step 2: ``(M [B,HV,K,K], S_local [B,HV,K,V])`` float32 from the state pass on ``[u | 0]`` from ``[0 | I]`` (the
+    value width rounded up to the state launch's V tile with zero columns)."""
+    B, T, HV, V = s.u.shape
+    K = s.k_seq.shape[-1]
+    tile = min(static.cfg.block_v, V + K)
+    extra = K + (-(V + K)) % tile
+    wide_u = jnp.concatenate([s.u, jnp.zeros((B, T, HV, extra), s.u.dtype)], axis=-1)
+    eye = jnp.broadcast_to(jnp.eye(K, extra, dtype=F32), (B, HV, K, extra))
+    start = jnp.concatenate([jnp.zeros((B, HV, K, V), F32), eye], axis=-1)
+    (end,) = state_fwd(static, s.k_seq, gamma, s.w, wide_u, start, rel=rel, final_only=True)
+    return end[..., V:V + K], end[..., :V]
+
+
+def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, keep):
+    s = wy_stage(static, q, k, v, gamma, beta, rel)
+    transitions, locals_, keeps = (exchange.gather(x) for x in (*_pair(static, s, gamma, rel), keep))
+    index = exchange.index()
+    start, final = shard_prefix(transitions, locals_, keeps, h0, index)
+    o, _, res = from_start(static, q, k, v, gamma, beta, start, rel, s)
+    return o, final, (res, transitions, keeps, index)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _sharded(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep):
+    o, final, _ = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep)
+    return o, final
+
+
+def _sharded_fwd(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep):
+    o, final, saved = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep)
+    return (o, final), saved
+
+
+def _sharded_bwd(static: Static, exchange: Exchange, with_final: bool, saved, cts):
+    res, transitions, keeps, index = saved
+    do, d_final = cts
+    do = do.astype(res.q.dtype)
+    zero = jnp.zeros(d_final.shape, F32)
+    (own,) = state_bwd(static, res, do, zero, start_only=True)
+    d_final = exchange.total(d_final.astype(F32)) if with_final else zero
+    d_end = reverse_prefix(transitions, exchange.gather(own), keeps, d_final, index)
+    dq, dk, dv, dgamma, dbeta, d_start, _ = backward(static, res, do, d_end)
+    return dq, dk, dv, dgamma, dbeta, jnp.where(index == 0, d_start, 0.0), None, None
+
+
+_sharded.defvjp(_sharded_fwd, _sharded_bwd)
+
+
+def chunk_recurrence_sharded(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, exchange: Exchange,
+    keep: jax.Array, scale: float | None = None, initial_state: jax.Array | None = None,
+    output_final_state: bool = False, use_qk_l2norm: bool = False, chunk_size: int | None = None,
+    interpret: bool = False, segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """GDN (``g [B,T,HV]``) or KDA (``g [B,T,HV,K]``) on this shard's ``[B, T_local]`` part, with the Pallas kernels
+    (as ``recurrent.chunk_recurrence``, ``beta`` required).
+
+    ``keep [B]`` bool: this shard's first token continues the previous shard's last document (always true without
+    documents; shard 0's is unused); ``initial_state [B,HV,K,V]``: the sequence's (shard 0's start);
+    ``segment_ids``: this shard's part of the sequence's. Returns ``(o [B,T_local,HV,V] in v's dtype, the
+    sequence's final state [B,HV,K,V] float32 (the same on every shard) or None)``, differentiable in every array
+    argument but ``keep`` and ``segment_ids``."""
+    x = prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
+                chunk_size=chunk_size, interpret=interpret, config=None, segment_ids=segment_ids)
+    run = functools.partial(_sharded, x.static, exchange, output_final_state)
+    o, final = per_batch_shard(run, q.shape[0])(x.q, x.k, x.v, x.gamma, x.beta, x.h0, x.rel, keep)
+    return o[:, :x.T, :, :x.V].astype(x.dtype), (final[:, :, :x.K, :x.V] if output_final_state else None)
