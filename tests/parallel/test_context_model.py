@@ -1,8 +1,8 @@
 """The whole model with each sequence split over a ``context`` mesh axis equals one device: the tiny hybrid with
 every sublayer kind (MLA, GDN, KDA, Mamba2, MLP), float32, B = 2, packed documents whose boundaries fall on, just
 before and just after the shard edges, RoPE positions restarting per document; context 4 alone and data 2 x context 4
-(with every sublayer rematerialised), through the train step's ``batch_loss`` (which takes the context path under
-such a mesh). The paths without segment ids: ``test_context_step.py`` and ``test_context_recurrence.py``."""
+(with every sublayer rematerialised; also with every kernel in its Pallas form, interpreted), through the train
+step's ``batch_loss`` (which takes the context path under such a mesh). The paths without segment ids: ``test_context_step.py`` and ``test_context_recurrence.py``."""
 
 from __future__ import annotations
 
@@ -70,14 +70,15 @@ def loss_and_grads(cfg, b: Batch, mesh: Mesh | None):
         return step(params, b)
 
 
-@pytest.mark.parametrize("data", [1, 2])
-def test_context_parallel_loss_and_grads_equal_one_device(data):
+@pytest.mark.parametrize("data,impl", [(1, "xla"), (2, "xla"), (2, "pallas_interpret")])
+def test_context_parallel_loss_and_grads_equal_one_device(data, impl):
     cfg = tiny_config()
     b = batch(cfg.model.vocab_size)
     if "reference" not in _CACHE:
         _CACHE["reference"] = loss_and_grads(cfg, b, None)
     ref_loss, ref_grads = _CACHE["reference"]
     cfg.mesh.update(dict(data=data, context=4))
+    cfg.model.kernel_impl = impl
     if data == 2:
         cfg.model.remat = "full"
     mesh = mesh_lib.make_mesh(cfg.mesh, jax.devices()[: 4 * data])
