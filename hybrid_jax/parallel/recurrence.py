@@ -21,7 +21,8 @@ matmuls, the same on every shard) from the caller's ``initial_state`` on shard 0
   M]``, the first ``V`` output channels ``o_local`` and the last ``K`` ``scale M_t^T q_t``; the outputs are then
   completed, ``o = o_local + (scale M_t^T q_t) S_in``; ``jax.grad`` transposes it all;
 * GLA: the pair in closed form, ``S_local = sum_t exp(G_T - G_t) k_t v_t^T`` and ``M = exp(G_T)`` (``G`` the
-  cumulative log decay), no kernel; the kernel then runs once, from ``S_in``.
+  cumulative log decay), no kernel; the kernel then runs once, from ``S_in``: with the Pallas kernels in
+  ``kernels/recurrent/context.py`` too (its backward as the delta rule's), in XLA under ``jax.grad``.
 
 A document that starts inside a shard cuts the prefix: the kernel's segment ids reset the ``[0 | I]`` columns to 0
 there, so ``M`` and ``M_t`` after it are 0 (GLA: ``S_local`` sums the shard's last document only and ``M`` is 0).
@@ -38,7 +39,7 @@ import jax.numpy as jnp
 
 from hybrid_jax import kernels
 from hybrid_jax.kernels.api import Impl
-from hybrid_jax.kernels.recurrent.context import chunk_recurrence_sharded, shard_prefix
+from hybrid_jax.kernels.recurrent.context import chunk_recurrence_sharded, gla_pair, shard_prefix
 from hybrid_jax.kernels.registry import resolve_impl
 from hybrid_jax.parallel.shards import Shards
 
@@ -141,9 +142,15 @@ def chunk_simple_gla(
     once, from the shard's true start state: no completion pass."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     shards = _shards(axis)
+    keep = _continues(segment_ids, q.shape[0], shards)
+    impl = resolve_impl(impl, "chunk_simple_gla")
+    if impl in ("pallas", "pallas_interpret"):
+        return chunk_recurrence_sharded(q, k, v, g, None, exchange=shards, keep=keep, scale=scale,
+                                        initial_state=initial_state, output_final_state=output_final_state,
+                                        chunk_size=chunk_size, interpret=impl == "pallas_interpret",
+                                        segment_ids=segment_ids)
     transition, local = local_simple_gla(k, v, g, segment_ids=segment_ids)
-    start, final = _start_states(transition, local, _continues(segment_ids, q.shape[0], shards), initial_state,
-                                 shards)
+    start, final = _start_states(transition, local, keep, initial_state, shards)
     o, _ = kernels.chunk_simple_gla(q, k, v, g, scale=scale, initial_state=start, chunk_size=chunk_size, impl=impl,
                                     segment_ids=segment_ids)
     return o, (final if output_final_state else None)
@@ -151,24 +158,8 @@ def chunk_simple_gla(
 
 def local_simple_gla(k: jax.Array, v: jax.Array, g: jax.Array, *, segment_ids: jax.Array | None = None
                      ) -> tuple[jax.Array, jax.Array]:
-    """A shard's pair for GLA in closed form, without the kernel: its final state from a zero start ``S_local =
-    sum_t exp(G_T - G_t) k_t v_t^T`` (``G`` the cumulative log decay from the shard's start; with ``segment_ids``
-    over the shard's last document only), one ``[K, T] x [T, V]`` product per value head in float32
-    (unrounded: ``S_local`` is as close as the sequence's own final state), and the transition ``exp(G_T)`` (0
-    where a document starts inside the shard).
-
-    Args: ``k [B,T,H,K]``, ``v [B,T,HV,V]`` (``HV`` a multiple of ``H``: value head ``hv`` reads key head
-    ``hv // (HV / H)``), ``g [B,T,HV]`` (log decay per token), ``segment_ids [B,T]`` (each token's document index,
-    non-decreasing along a row) or None.
-    Returns ``(transition [B,HV] float32, S_local [B,HV,K,V] float32)``."""
-    B, T, H, K = k.shape
-    HV, V = v.shape[2], v.shape[3]
-    log_decay = jnp.cumsum(g.astype(F32), axis=1)  # [B,T,HV]
-    weight = jnp.exp(log_decay[:, -1:] - log_decay)  # exp(G_T - G_t) <= 1
-    transition = jnp.exp(log_decay[:, -1])
-    if segment_ids is not None:
-        weight = jnp.where((segment_ids == segment_ids[:, -1:])[:, :, None], weight, 0.0)
-        transition = jnp.where((segment_ids[:, -1] == segment_ids[:, 0])[:, None], transition, 0.0)
-    weighted = (v.astype(F32) * weight[..., None]).reshape(B, T, H, HV // H, V)
-    local = jnp.einsum("bthk,bthgv->bhgkv", k.astype(F32), weighted, precision=jax.lax.Precision.HIGHEST)
-    return transition, local.reshape(B, HV, K, V)
+    """A shard's GLA pair in closed form (``kernels/recurrent/context.py::gla_pair``) from ``k [B,T,H,K]``, ``v
+    [B,T,HV,V]``, ``g [B,T,HV]`` (log decay per token) and ``segment_ids [B,T]`` (each token's document index,
+    non-decreasing along a row) or None. Returns ``(transition [B,HV] float32, S_local [B,HV,K,V] float32)``."""
+    last_doc = None if segment_ids is None else segment_ids == segment_ids[:, -1:]
+    return gla_pair(k, v, jnp.cumsum(g.astype(F32), axis=1), last_doc)

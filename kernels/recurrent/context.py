@@ -1,13 +1,15 @@
-"""The delta rule (GDN, KDA) on one shard of a sequence split over devices (context parallelism): exact, two passes.
+"""The chunked recurrences (GDN, KDA, GLA) on one shard of a sequence split over devices (context parallelism):
+exact, in two passes.
 
 Per value head the state recurrence is affine in the state a shard starts from: its end state is ``M S_in +
-S_local`` (``M [K, K]`` the shard's transition, ``S_local`` its end state from a zero start). Inside a
-``shard_map`` over the time axis, each shard, with ``n`` shards in all:
+S_local`` (``M`` the shard's transition, ``[K, K]`` for the delta rule, a scalar per head for GLA; ``S_local`` its
+end state from a zero start). Inside a ``shard_map`` over the time axis, each shard, with ``n`` shards in all:
 
 forward
-  1. the WY transform (once, shared by 2 and 4);
-  2. its pair ``(M, S_local)``: one state pass on ``[u | 0]`` from ``[0 | I]`` (value width ``V + K``) that keeps
-     its final state alone, ``[S_local | M]`` (the last ``K`` columns see no ``u``, so they evolve as ``M_t``);
+  1. the WY transform (the delta rule; once, shared by 2 and 4);
+  2. its pair ``(M, S_local)``. The delta rule's: one state pass on ``[u | 0]`` from ``[0 | I]`` (value width ``V +
+     K``) that keeps its final state alone, ``[S_local | M]`` (the last ``K`` columns see no ``u``, so they evolve
+     as ``M_t``). GLA's in closed form (:func:`gla_pair`: one weighted product per head, no kernel);
   3. gathers every shard's pair and :func:`shard_prefix` gives its true start state ``S_in`` and the sequence's
      final state;
   4. the plain forward (state pass, output) from ``S_in``: its outputs are exact, its residuals the plain ones.
@@ -20,14 +22,16 @@ backward
   7. the plain backward with ``dS_end`` as the end state's gradient: every input's gradient, exact (the shard's end
      state is ``M S_in + S_local`` and later shards see it only through that).
 
-Against the plain call on the shard this adds one forward state pass of width ``V + K`` that writes nothing but
-its final state, one reverse state pass that writes nothing but its start gradient, and the prefixes (``n`` small
-products per head, the same on every shard); the collectives move ``K (K + V)`` floats per head forward and ``K V``
-back. ``hybrid_jax.parallel.recurrence`` calls it for the Pallas kernels; its XLA form (one widened call and a
-completion product) is the reference it is tested against, with the token-by-token recurrence.
+Against the plain call on the shard this adds the pair (the delta rule: one forward state pass of width ``V + K``
+that writes nothing but its final state), one reverse state pass that writes nothing but its start gradient, and
+the prefixes (``n`` small products per head, the same on every shard); the collectives move ``K (K + V)`` floats per
+head forward (GLA: ``K V + 1``) and ``K V`` back. ``hybrid_jax.parallel.recurrence`` calls it for the Pallas
+kernels; its XLA form (the delta rule: one widened call and a completion product; GLA: the pair, then the kernel
+from ``S_in``, under ``jax.grad``) is the reference it is tested against, with the token-by-token recurrence.
 
 A document that starts inside a shard cuts the prefix: the kernels' segment ids reset the ``[0 | I]`` columns to 0
-there (``M`` = 0), and a shard whose first token starts a document (``keep`` false) starts from 0.
+there (``M`` = 0; GLA: ``S_local`` sums the shard's last document only and ``M`` is 0), and a shard whose first
+token starts a document (``keep`` false) starts from 0.
 """
 
 from __future__ import annotations
@@ -89,21 +93,56 @@ def reverse_prefix(transitions: jax.Array, own: jax.Array, keeps: jax.Array, d_f
     """The gradient of shard ``index``'s end state, the transpose of :func:`shard_prefix`'s chain: the last shard's
     is ``d_final``; shard ``i - 1``'s is ``keep(i) (dS_own(i) + M_i^T dS_end(i))``.
 
-    Args: ``transitions [n, B, HV, K, K]`` and ``keeps [n, B]`` as :func:`shard_prefix`'s; ``own [n, B, HV, K, V]``
-    float32, each shard's ``dS_own`` (its outputs' gradient of its start state); ``d_final [B, HV, K, V]``: the
-    gradient of the sequence's final state. Returns ``[B, HV, K, V]`` float32."""
+    Args: ``transitions [n, B, HV, K, K]`` (or ``[n, B, HV]``) and ``keeps [n, B]`` as :func:`shard_prefix`'s;
+    ``own [n, B, HV, K, V]`` float32, each shard's ``dS_own`` (its outputs' gradient of its start state);
+    ``d_final [B, HV, K, V]``: the gradient of the sequence's final state. Returns ``[B, HV, K, V]`` float32."""
     d_end = d_final.astype(F32)
     ends = [d_end]
     for i in range(transitions.shape[0] - 1, 0, -1):
-        d_start = own[i] + jnp.einsum("bhji,bhjv->bhiv", transitions[i], d_end)
+        m = transitions[i]
+        d_start = own[i] + (jnp.einsum("bhji,bhjv->bhiv", m, d_end) if m.ndim == 4 else m[..., None, None] * d_end)
         d_end = jnp.where(keeps[i][:, None, None, None], d_start, 0.0)
         ends.append(d_end)
     return jnp.stack(ends[::-1])[index]
 
 
-def _pair(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-    """Step 2: ``(M [B,HV,K,K], S_local [B,HV,K,V])`` float32 from the state pass on ``[u | 0]`` from ``[0 | I]`` (the
-    value width rounded up to the state launch's V tile with zero columns)."""
+def gla_pair(k: jax.Array, v: jax.Array, log_decay: jax.Array, last_doc: jax.Array | None
+             ) -> tuple[jax.Array, jax.Array]:
+    """GLA's pair in closed form: the end state from a zero start ``S_local = sum_t exp(G_T - G_t) k_t v_t^T`` over the
+    shard's last document, one ``[K, T] x [T, V]`` product per value head in float32 (unrounded: as close as the
+    sequence's own final state), and the transition ``exp(G_T)`` (0 where a document starts inside the shard).
+
+    Args: ``k [B,T,H,K]``, ``v [B,T,HV,V]`` (value head ``hv`` reads key head ``hv // (HV / H)``), ``log_decay
+    [B,T,HV]`` float32 (``G``, the cumulative log decay from the shard's start), ``last_doc [B,T]`` bool (the token
+    is in the shard's last document) or None (one document). Returns ``(M [B,HV], S_local [B,HV,K,V])`` float32."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    weight = jnp.exp(log_decay[:, -1:] - log_decay)  # exp(G_T - G_t) <= 1
+    transition = jnp.exp(log_decay[:, -1])
+    if last_doc is not None:
+        weight = jnp.where(last_doc[:, :, None], weight, 0.0)
+        transition = jnp.where(last_doc[:, :1], transition, 0.0)
+    weighted = (v.astype(F32) * weight[..., None]).reshape(B, T, H, HV // H, V)
+    local = jnp.einsum("bthk,bthgv->bhgkv", k.astype(F32), weighted, precision=jax.lax.Precision.HIGHEST)
+    return transition, local.reshape(B, HV, K, V)
+
+
+def _log_decay(gamma: jax.Array, C: int) -> jax.Array:
+    """``G [B,T,HV]``, the cumulative log decay from the shard's start, from the kernels' scalar gate (its sums within
+    each chunk of ``C``: ``op.kernel_gate``; a scalar gate is always summed by XLA)."""
+    B, T, HV = gamma.shape
+    x = gamma.reshape(B, T // C, C, HV)
+    ends = x[:, :, -1]  # each chunk's total
+    return (x + (jnp.cumsum(ends, axis=1) - ends)[:, :, None]).reshape(gamma.shape)
+
+
+def _pair(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None, last_doc: jax.Array | None,
+          k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Step 2: ``(M, S_local [B,HV,K,V])`` float32. GLA (no ``w``): :func:`gla_pair` (``M [B,HV]``). The delta rule:
+    ``M [B,HV,K,K]`` from the state pass on ``[u | 0]`` from ``[0 | I]`` (the value width rounded up to the state
+    launch's V tile with zero columns)."""
+    if s.w is None:
+        return gla_pair(k, s.u, _log_decay(gamma, static.chunk), last_doc)
     B, T, HV, V = s.u.shape
     K = s.k_seq.shape[-1]
     tile = min(static.cfg.block_v, V + K)
@@ -115,9 +154,9 @@ def _pair(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None) -> tup
     return end[..., V:V + K], end[..., :V]
 
 
-def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, keep):
+def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, keep, last_doc):
     s = wy_stage(static, q, k, v, gamma, beta, rel)
-    transitions, locals_, keeps = (exchange.gather(x) for x in (*_pair(static, s, gamma, rel), keep))
+    transitions, locals_, keeps = (exchange.gather(x) for x in (*_pair(static, s, gamma, rel, last_doc, k), keep))
     index = exchange.index()
     start, final = shard_prefix(transitions, locals_, keeps, h0, index)
     o, _, res = from_start(static, q, k, v, gamma, beta, start, rel, s)
@@ -125,13 +164,14 @@ def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, 
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _sharded(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep):
-    o, final, _ = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep)
+def _sharded(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep, last_doc):
+    o, final, _ = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep, last_doc)
     return o, final
 
 
-def _sharded_fwd(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep):
-    o, final, saved = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep)
+def _sharded_fwd(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep,
+                 last_doc):
+    o, final, saved = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep, last_doc)
     return (o, final), saved
 
 
@@ -144,20 +184,20 @@ def _sharded_bwd(static: Static, exchange: Exchange, with_final: bool, saved, ct
     d_final = exchange.total(d_final.astype(F32)) if with_final else zero
     d_end = reverse_prefix(transitions, exchange.gather(own), keeps, d_final, index)
     dq, dk, dv, dgamma, dbeta, d_start, _ = backward(static, res, do, d_end)
-    return dq, dk, dv, dgamma, dbeta, jnp.where(index == 0, d_start, 0.0), None, None
+    return dq, dk, dv, dgamma, dbeta, jnp.where(index == 0, d_start, 0.0), None, None, None
 
 
 _sharded.defvjp(_sharded_fwd, _sharded_bwd)
 
 
 def chunk_recurrence_sharded(
-    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *, exchange: Exchange,
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array | None, *, exchange: Exchange,
     keep: jax.Array, scale: float | None = None, initial_state: jax.Array | None = None,
     output_final_state: bool = False, use_qk_l2norm: bool = False, chunk_size: int | None = None,
     interpret: bool = False, segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """GDN (``g [B,T,HV]``) or KDA (``g [B,T,HV,K]``) on this shard's ``[B, T_local]`` part, with the Pallas kernels
-    (as ``recurrent.chunk_recurrence``, ``beta`` required).
+    """GDN (``g [B,T,HV]``), KDA (``g [B,T,HV,K]``) or GLA (``beta=None``) on this shard's ``[B, T_local]`` part, with
+    the Pallas kernels (as ``recurrent.chunk_recurrence``).
 
     ``keep [B]`` bool: this shard's first token continues the previous shard's last document (always true without
     documents; shard 0's is unused); ``initial_state [B,HV,K,V]``: the sequence's (shard 0's start);
@@ -166,6 +206,9 @@ def chunk_recurrence_sharded(
     argument but ``keep`` and ``segment_ids``."""
     x = prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
                 chunk_size=chunk_size, interpret=interpret, config=None, segment_ids=segment_ids)
+    last_doc = None  # GLA's pair: the tokens of the shard's last document (padding: beyond it, zeros)
+    if beta is None and segment_ids is not None:
+        last_doc = jnp.pad(segment_ids == segment_ids[:, -1:], ((0, 0), (0, x.q.shape[1] - x.T)))
     run = functools.partial(_sharded, x.static, exchange, output_final_state)
-    o, final = per_batch_shard(run, q.shape[0])(x.q, x.k, x.v, x.gamma, x.beta, x.h0, x.rel, keep)
+    o, final = per_batch_shard(run, q.shape[0])(x.q, x.k, x.v, x.gamma, x.beta, x.h0, x.rel, keep, last_doc)
     return o[:, :x.T, :, :x.V].astype(x.dtype), (final[:, :, :x.K, :x.V] if output_final_state else None)

@@ -2,7 +2,8 @@
 every sublayer kind (MLA, GDN, KDA, Mamba2, MLP), float32, B = 2, packed documents whose boundaries fall on, just
 before and just after the shard edges, RoPE positions restarting per document; context 4 alone and data 2 x context 4
 (with every sublayer rematerialised; also with every kernel in its Pallas form, interpreted), through the train
-step's ``batch_loss`` (which takes the context path under such a mesh). The paths without segment ids: ``test_context_step.py`` and ``test_context_recurrence.py``."""
+step's ``batch_loss`` (which takes the context path under such a mesh). The paths without segment ids:
+``test_context_step.py`` and ``test_context_recurrence.py``."""
 
 from __future__ import annotations
 
