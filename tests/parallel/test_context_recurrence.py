@@ -93,9 +93,10 @@ def test_context_parallel_recurrences_equal_the_token_scan(documents, impl):
             assert err < 1e-5, f"{name} d{key}: {err:.2e}"
 
 
-def test_context_parallel_bfloat16_is_as_close_to_the_token_scan_as_one_device():
+@pytest.mark.parametrize("impl", ["xla", "pallas_interpret"])
+def test_context_parallel_bfloat16_is_as_close_to_the_token_scan_as_one_device(impl):
     """bf16 inputs (float32 states): the split recurrences land as close to the float32 token scan as one device's
-    kernel in bf16 does (the completion's bf16 rounding of ``M_t^T q_t`` costs no more than bf16's own), outputs,
+    kernel in bf16 does (XLA: the completion's bf16 rounding of ``M_t^T q_t`` costs no more than bf16's own), outputs,
     final states and gradients, with packed documents."""
     seg = segment_ids()
     plain = {"gdn": kernels.chunk_gated_delta_rule, "kda": kernels.chunk_kda, "gla": kernels.chunk_simple_gla}
@@ -105,7 +106,7 @@ def test_context_parallel_bfloat16_is_as_close_to_the_token_scan_as_one_device()
         gates = (x["g"], x["beta"]) if delta else (x["g"],)
         extra = dict(use_qk_l2norm=True) if delta else {}
         return plain[name](x["q"], x["k"], x["v"], *gates, initial_state=x["h0"], output_final_state=True,
-                           chunk_size=16, impl="xla", segment_ids=seg, **extra)
+                           chunk_size=16, impl=impl, segment_ids=seg, **extra)
 
     def results(run, name, x):
         w = jax.random.normal(jax.random.PRNGKey(7), (B, T, HV, V))
@@ -119,7 +120,7 @@ def test_context_parallel_bfloat16_is_as_close_to_the_token_scan_as_one_device()
         x = inputs(name)
         low = {k: v if k == "h0" else v.astype(jnp.bfloat16) for k, v in x.items()}
         truth_grads, truth = results(reference, name, {k: v.astype(jnp.float32) for k, v in low.items()})
-        for run in (one_device, context_parallel):
+        for run in (one_device, lambda name, x, seg: context_parallel(name, x, seg, impl)):
             grads, out = results(run, name, low)
             errors = [rel_err(a, b) for a, b in zip(out, truth, strict=True)]
             errors += [rel_err(grads[k], truth_grads[k]) for k in x]
