@@ -225,7 +225,8 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, 
     stage = C * (d.K * isz * (3 if delta else 2) + gate_bytes(res.gamma) + (C * isz if res.p is not None else 0)
                  + d.BV * do.dtype.itemsize + (4 if masks else 0))
     launch = fit_stages(static.cfg.state_bwd, stage, static.cfg.shared_memory)
-    outs = call(kernel, "state_bwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
+    name = "state_bwd_start" if start_only else "state_bwd"  # a launch's name: one kernel (profiles, lowering)
+    outs = call(kernel, name, launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
     if start_only:
         return (outs[0],)
     return (*outs[:3], jnp.sum(outs[3], axis=3) if hdh else None)

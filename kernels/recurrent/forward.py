@@ -193,7 +193,8 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None, fina
     stage = C * (d.K * isz * (2 if delta else 1) + gate_bytes(gamma) + d.BV * u.dtype.itemsize
                  + ((d.K + C) * isz if with_o else 0))
     launch = fit_stages(static.cfg.state, stage, static.cfg.shared_memory)
-    *rest, final = call(kernel, "state_fwd", launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
+    name = "state_fwd_final" if final_only else "state_fwd"  # a launch's name: one kernel (profiles, lowering)
+    *rest, final = call(kernel, name, launch, static, (d.B, d.HV, d.V // d.BV), inputs, outputs)
     if final_only:
         return (final,)
     h, *tiles = rest
