@@ -71,8 +71,8 @@ def problems(seq: int, shards: int, smoke: bool = False) -> list[Problem]:
 class OneDevice:
     """``count`` shards on one device, as the last one sees them (the step waits for it): a gather gives this shard's
     value ``count`` times (the prefixes do the same work whatever the values), the sum over shards is the value
-    itself; what ``hybrid_jax.parallel.recurrence`` uses of ``hybrid_jax.parallel.shards.Shards`` without
-    documents."""
+    itself, the previous shard's tail is this one's head (its first document goes on);
+    ``hybrid_jax.parallel.shards.Shards``' methods."""
 
     count: int
 
@@ -84,6 +84,9 @@ class OneDevice:
 
     def total(self, x: jax.Array) -> jax.Array:
         return x
+
+    def previous_tail(self, x: jax.Array, n: int, fill: int | float = 0) -> jax.Array:
+        return x[:, :n]
 
 
 def shard_fn(p: Problem, n: int, impl: str):

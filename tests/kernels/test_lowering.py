@@ -14,12 +14,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks.context_shard import OneDevice
 from hybrid_jax.kernels.recurrent import backward as recurrent_backward
 from hybrid_jax.kernels.recurrent import forward as recurrent_forward
 from hybrid_jax.kernels.short_conv import short_conv_silu
-from hybrid_jax.kernels.tooling.lowering import TARGETS, TRITON_CALL, kernel_case, lower
+from hybrid_jax.kernels.tooling.lowering import TARGETS, TRITON_CALL, kernel_case, lower, lowered_kernels
 from hybrid_jax.kernels.tooling.problems import Problem
 from hybrid_jax.kernels.tuning import fit_stages, override, recurrent_config
+from hybrid_jax.parallel import recurrence
 
 
 def model_like(op: str, *, chunk: int = 0, T: int = 200) -> Problem:
@@ -92,6 +94,28 @@ def test_lowers_to_triton(case: Lowering, arch: str):
     fn, args = kernel_case(case.problem, arch, case.variant, initial_state=case.problem.recurrent,
                            segments=case.segments)
     assert lower(fn, args, arch).count(TRITON_CALL) >= case.triton_calls(arch)
+
+
+@pytest.mark.parametrize("arch", list(TARGETS))
+@pytest.mark.parametrize("op", ["gdn", "kda", "gla"])
+def test_context_parallel_shard_lowers_to_triton(arch: str, op: str):
+    """A context shard's recurrence (``kernels/recurrent/context.py``, with packed documents): the plain launches, the
+    delta rule's final-state-only pass and the start-gradient-only reverse pass, each under its own name."""
+    p = model_like(op)
+    specs = p.specs(initial_state=False, segments=True)
+    names = list(specs)
+    function = getattr(recurrence, {"gdn": "chunk_gated_delta_rule", "kda": "chunk_kda", "gla": "chunk_simple_gla"}[op])
+
+    def loss(*xs):
+        x = dict(zip(names, xs, strict=True))
+        gates = (x["g"], x["beta"]) if p.delta else (x["g"],)
+        o, _ = function(x["q"], x["k"], x["v"], *gates, axis=OneDevice(4), impl="pallas", segment_ids=x["segment_ids"])
+        return o.astype(jnp.float32).sum()
+
+    floats = tuple(i for i, n in enumerate(names) if n != "segment_ids")
+    launches = {k.name for k in lowered_kernels(jax.grad(loss, argnums=floats), tuple(specs.values()), arch)}
+    assert "state_bwd_start" in launches and {"state_fwd", "state_bwd"} <= launches
+    assert ("state_fwd_final" in launches) == p.delta
 
 
 @pytest.mark.parametrize("arch", list(TARGETS))
