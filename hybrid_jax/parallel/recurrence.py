@@ -86,22 +86,29 @@ def complete_delta_rule(o_local: jax.Array, q_through: jax.Array, start: jax.Arr
     return o.astype(o_local.dtype)
 
 
-def _delta_rule(kernel, q, k, v, g, beta, *, axis: str | Shards, scale, initial_state, output_final_state: bool,
-                use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids):
-    """GDN or KDA (``kernel``) on this shard's part; see the module docstring."""
+def _on_shard(kernel, q, k, v, g, beta, *, axis: str | Shards, scale, initial_state, output_final_state: bool,
+              use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids):
+    """GDN, KDA or GLA (``kernel``, ``beta=None``) on this shard's part; see the module docstring."""
     shards = _shards(axis)
-    keep = _continues(segment_ids, v.shape[0], shards)
+    keep = _continues(segment_ids, q.shape[0], shards)
     impl = resolve_impl(impl, kernel.__name__)
     if impl in ("pallas", "pallas_interpret"):
         return chunk_recurrence_sharded(q, k, v, g, beta, exchange=shards, keep=keep, scale=scale,
                                         initial_state=initial_state, output_final_state=output_final_state,
                                         use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
                                         interpret=impl == "pallas_interpret", segment_ids=segment_ids)
-    o_local, q_through, transition, local = widened_delta_rule(
-        kernel, q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl,
-        segment_ids=segment_ids)
-    start, final = _start_states(transition, local, keep, initial_state, shards)
-    return complete_delta_rule(o_local, q_through, start), (final if output_final_state else None)
+    if beta is None:  # GLA: the kernel once, from the start state
+        transition, local = local_simple_gla(k, v, g, segment_ids=segment_ids)
+        start, final = _start_states(transition, local, keep, initial_state, shards)
+        o, _ = kernel(q, k, v, g, scale=scale, initial_state=start, chunk_size=chunk_size, impl=impl,
+                      segment_ids=segment_ids)
+    else:
+        o_local, q_through, transition, local = widened_delta_rule(
+            kernel, q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl,
+            segment_ids=segment_ids)
+        start, final = _start_states(transition, local, keep, initial_state, shards)
+        o = complete_delta_rule(o_local, q_through, start)
+    return o, (final if output_final_state else None)
 
 
 def chunk_gated_delta_rule(
@@ -114,7 +121,7 @@ def chunk_gated_delta_rule(
     [B,T_local,HV,V]``, ``g, beta [B,T_local,HV]``, ``segment_ids [B,T_local]`` (this shard's part of the sequence's);
     ``initial_state [B,HV,K,V]``: the sequence's (used by shard 0). Returns ``(o [B,T_local,HV,V], the sequence's
     final state [B,HV,K,V] float32 or None)``."""
-    return _delta_rule(kernels.chunk_gated_delta_rule, q, k, v, g, beta, axis=axis, scale=scale,
+    return _on_shard(kernels.chunk_gated_delta_rule, q, k, v, g, beta, axis=axis, scale=scale,
                        initial_state=initial_state, output_final_state=output_final_state,
                        use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl, segment_ids=segment_ids)
 
@@ -127,7 +134,7 @@ def chunk_kda(
 ) -> tuple[jax.Array, jax.Array | None]:
     """:func:`hybrid_jax.kernels.chunk_kda` on this shard of ``axis`` (``g [B,T_local,HV,K]``); as
     :func:`chunk_gated_delta_rule`."""
-    return _delta_rule(kernels.chunk_kda, q, k, v, g, beta, axis=axis, scale=scale, initial_state=initial_state,
+    return _on_shard(kernels.chunk_kda, q, k, v, g, beta, axis=axis, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
                        impl=impl, segment_ids=segment_ids)
 
@@ -141,19 +148,9 @@ def chunk_simple_gla(
     :func:`chunk_gated_delta_rule`. The shard's pair (:func:`local_simple_gla`) needs no kernel, so the kernel runs
     once, from the shard's true start state: no completion pass."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    shards = _shards(axis)
-    keep = _continues(segment_ids, q.shape[0], shards)
-    impl = resolve_impl(impl, "chunk_simple_gla")
-    if impl in ("pallas", "pallas_interpret"):
-        return chunk_recurrence_sharded(q, k, v, g, None, exchange=shards, keep=keep, scale=scale,
-                                        initial_state=initial_state, output_final_state=output_final_state,
-                                        chunk_size=chunk_size, interpret=impl == "pallas_interpret",
-                                        segment_ids=segment_ids)
-    transition, local = local_simple_gla(k, v, g, segment_ids=segment_ids)
-    start, final = _start_states(transition, local, keep, initial_state, shards)
-    o, _ = kernels.chunk_simple_gla(q, k, v, g, scale=scale, initial_state=start, chunk_size=chunk_size, impl=impl,
-                                    segment_ids=segment_ids)
-    return o, (final if output_final_state else None)
+    return _on_shard(kernels.chunk_simple_gla, q, k, v, g, None, axis=axis, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, use_qk_l2norm=False, chunk_size=chunk_size, impl=impl,
+                     segment_ids=segment_ids)
 
 
 def local_simple_gla(k: jax.Array, v: jax.Array, g: jax.Array, *, segment_ids: jax.Array | None = None
