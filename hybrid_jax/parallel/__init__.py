@@ -2,7 +2,8 @@
 
 Every function here runs inside a ``jax.shard_map`` that splits the time axis over a named mesh axis (``axis``,
 ``"context"`` in training): shard ``i`` of ``n`` holds tokens ``[i T/n, (i+1) T/n)`` of every sequence. They use
-only collectives (``all_gather``, ``ppermute``) and our kernels, so ``jax.grad`` transposes them:
+only collectives (``all_gather``, ``ppermute``, ``psum``) and our kernels, so ``jax.grad`` transposes them (the
+recurrences' Pallas form, ``kernels/recurrent/context.py``, under its own VJP):
 
 * ``recurrence``: GDN, KDA and Mamba2's SSD (GLA) as an affine prefix over the shards (each shard's final state is
   ``M S_in + S_local``);
