@@ -1,4 +1,4 @@
-"""The short causal depthwise conv with SiLU (``ShortConv``), its backward in one Pallas (Triton lowering) kernel.
+"""The short causal depthwise conv with SiLU (``ShortConv``), its backward in two Pallas (Triton lowering) kernels.
 
 For ``xp [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs), ``w [K, C]``, an optional
 ``bias [C]`` and optional document ids ``segment_ids [B, K-1+T]`` of xp's rows, output ``t`` is::

@@ -66,7 +66,7 @@ def _start_states(transition: jax.Array, local: jax.Array, keep: jax.Array, init
     return shard_prefix(*gathered, initial_state, shards.index())
 
 
-def widened_delta_rule(kernel, q, k, v, g, beta, *, scale, use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids
+def _widened_delta_rule(kernel, q, k, v, g, beta, *, scale, use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids
                        ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Step 1 of the delta rule on a shard: ``kernel`` (GDN's or KDA's) once on ``[v | 0]`` from ``[0 | I]``.
     Returns ``(o_local [B,T,HV,V], q_through = scale M_t^T q_t [B,T,HV,K], M [B,HV,K,K], S_local [B,HV,K,V])``."""
@@ -80,7 +80,7 @@ def widened_delta_rule(kernel, q, k, v, g, beta, *, scale, use_qk_l2norm: bool, 
     return o_ext[..., :V], o_ext[..., V:], h_ext[..., V:], h_ext[..., :V]
 
 
-def complete_delta_rule(o_local: jax.Array, q_through: jax.Array, start: jax.Array) -> jax.Array:
+def _complete_delta_rule(o_local: jax.Array, q_through: jax.Array, start: jax.Array) -> jax.Array:
     """Step 3: ``o = o_local + (scale M_t^T q_t) S_in`` (``start = S_in [B,HV,K,V]``) in ``o_local``'s dtype."""
     o = o_local.astype(F32) + jnp.einsum("bthk,bhkv->bthv", q_through.astype(F32), start)
     return o.astype(o_local.dtype)
@@ -98,16 +98,17 @@ def _on_shard(kernel, q, k, v, g, beta, *, axis: str | Shards, scale, initial_st
                                         use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
                                         interpret=impl == "pallas_interpret", segment_ids=segment_ids)
     if beta is None:  # GLA: the kernel once, from the start state
-        transition, local = local_simple_gla(k, v, g, segment_ids=segment_ids)
+        last_doc = None if segment_ids is None else segment_ids == segment_ids[:, -1:]
+        transition, local = gla_pair(k, v, jnp.cumsum(g.astype(F32), axis=1), last_doc)
         start, final = _start_states(transition, local, keep, initial_state, shards)
         o, _ = kernel(q, k, v, g, scale=scale, initial_state=start, chunk_size=chunk_size, impl=impl,
                       segment_ids=segment_ids)
     else:
-        o_local, q_through, transition, local = widened_delta_rule(
+        o_local, q_through, transition, local = _widened_delta_rule(
             kernel, q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, impl=impl,
             segment_ids=segment_ids)
         start, final = _start_states(transition, local, keep, initial_state, shards)
-        o = complete_delta_rule(o_local, q_through, start)
+        o = _complete_delta_rule(o_local, q_through, start)
     return o, (final if output_final_state else None)
 
 
@@ -145,18 +146,9 @@ def chunk_simple_gla(
     impl: Impl = "auto", segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """:func:`hybrid_jax.kernels.chunk_simple_gla` (Mamba2's SSD) on this shard of ``axis``; as
-    :func:`chunk_gated_delta_rule`. The shard's pair (:func:`local_simple_gla`) needs no kernel, so the kernel runs
+    :func:`chunk_gated_delta_rule`. The shard's pair (in closed form: ``gla_pair``) needs no kernel, so the kernel runs
     once, from the shard's true start state: no completion pass."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _on_shard(kernels.chunk_simple_gla, q, k, v, g, None, axis=axis, scale=scale, initial_state=initial_state,
                      output_final_state=output_final_state, use_qk_l2norm=False, chunk_size=chunk_size, impl=impl,
                      segment_ids=segment_ids)
-
-
-def local_simple_gla(k: jax.Array, v: jax.Array, g: jax.Array, *, segment_ids: jax.Array | None = None
-                     ) -> tuple[jax.Array, jax.Array]:
-    """A shard's GLA pair in closed form (``kernels/recurrent/context.py::gla_pair``) from ``k [B,T,H,K]``, ``v
-    [B,T,HV,V]``, ``g [B,T,HV]`` (log decay per token) and ``segment_ids [B,T]`` (each token's document index,
-    non-decreasing along a row) or None. Returns ``(transition [B,HV] float32, S_local [B,HV,K,V] float32)``."""
-    last_doc = None if segment_ids is None else segment_ids == segment_ids[:, -1:]
-    return gla_pair(k, v, jnp.cumsum(g.astype(F32), axis=1), last_doc)

@@ -63,6 +63,14 @@ class Exchange(Protocol):
         """The sum of ``x`` over the shards."""
 
 
+def _carry(m: jax.Array, state: jax.Array, transpose: bool = False) -> jax.Array:
+    """``M state`` (``M^T state`` with ``transpose``) for ``state [B, HV, K, V]``: ``M [B, HV, K, K]`` or a scalar per
+    head ``[B, HV]``."""
+    if m.ndim == 2:
+        return m[..., None, None] * state
+    return jnp.einsum("bhji,bhjv->bhiv" if transpose else "bhij,bhjv->bhiv", m, state)
+
+
 def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array, initial_state: jax.Array | None,
                  index: int | jax.Array) -> tuple[jax.Array, jax.Array]:
     """The exclusive prefix of ``S -> M_i S + S_local(i)`` over the ``n`` gathered pairs, the same on every shard.
@@ -82,9 +90,7 @@ def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array, i
         if i:
             state = jnp.where(keeps[i][:, None, None, None], state, 0.0)
         starts.append(state)
-        m = transitions[i]
-        carried = jnp.einsum("bhij,bhjv->bhiv", m, state) if m.ndim == 4 else m[..., None, None] * state
-        state = carried + locals_[i]
+        state = _carry(transitions[i], state) + locals_[i]
     return jnp.stack(starts)[index], state
 
 
@@ -99,8 +105,7 @@ def reverse_prefix(transitions: jax.Array, own: jax.Array, keeps: jax.Array, d_f
     d_end = d_final.astype(F32)
     ends = [d_end]
     for i in range(transitions.shape[0] - 1, 0, -1):
-        m = transitions[i]
-        d_start = own[i] + (jnp.einsum("bhji,bhjv->bhiv", m, d_end) if m.ndim == 4 else m[..., None, None] * d_end)
+        d_start = own[i] + _carry(transitions[i], d_end, transpose=True)
         d_end = jnp.where(keeps[i][:, None, None, None], d_start, 0.0)
         ends.append(d_end)
     return jnp.stack(ends[::-1])[index]
