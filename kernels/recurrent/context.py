@@ -9,23 +9,26 @@ forward
   1. the WY transform (the delta rule; once, shared by 2 and 4);
   2. its pair ``(M, S_local)``. The delta rule's: one state pass on ``[u | 0]`` from ``[0 | I]`` (value width ``V +
      K``) that keeps its final state alone, ``[S_local | M]`` (the last ``K`` columns see no ``u``, so they evolve
-     as ``M_t``). GLA's in closed form (:func:`gla_pair`: one weighted product per head, no kernel);
+     as ``M_t``), run over groups of chunks side by side and folded (:func:`group_count`, :func:`_fold`). GLA's in
+     closed form (:func:`gla_pair`: one weighted product per head, no kernel);
   3. gathers every shard's pair and :func:`shard_prefix` gives its true start state ``S_in`` and the sequence's
      final state;
   4. the plain forward (state pass, output) from ``S_in``: its outputs are exact, its residuals the plain ones.
 
 backward
-  5. the reverse state pass alone from a zero end gradient: ``dS_own``, the gradient of its own outputs with
-     respect to its start state;
+  5. the reverse state pass alone from a zero end gradient, over the same groups, folded back
+     (:func:`_fold_back`): ``dS_own``, the gradient of its own outputs with respect to its start state;
   6. gathers every shard's ``dS_own`` and :func:`reverse_prefix` gives ``dS_end``, the gradient of its end state from
      every later shard and the final state;
   7. the plain backward with ``dS_end`` as the end state's gradient: every input's gradient, exact (the shard's end
      state is ``M S_in + S_local`` and later shards see it only through that).
 
 Against the plain call on the shard this adds the pair (the delta rule: one forward state pass of width ``V + K``
-that writes nothing but its final state), one reverse state pass that writes nothing but its start gradient, and
-the prefixes (``n`` small products per head, the same on every shard); the collectives move ``K (K + V)`` floats per
-head forward (GLA: ``K V + 1``) and ``K V`` back. ``hybrid_jax.parallel.recurrence`` calls it for the Pallas
+that writes nothing but its final state), one reverse state pass that writes nothing but its start gradient (both
+in ``G`` groups of ``N / G`` chunks: a shard of one sequence has few programs, and a state pass's time is its
+number of chunk steps), the groups' folds (``log2 G`` levels of small products per head), and the prefixes (``n``
+small products per head, the same on every shard); the collectives move ``K (K + V)`` floats per head forward
+(GLA: ``K V + 1``) and ``K V`` back. ``hybrid_jax.parallel.recurrence`` calls it for the Pallas
 kernels; its XLA form (the delta rule: one widened call and a completion product; GLA: the pair, then the kernel
 from ``S_in``, under ``jax.grad``) is the reference it is tested against, with the token-by-token recurrence.
 
@@ -64,11 +67,55 @@ class Exchange(Protocol):
 
 
 def _carry(m: jax.Array, state: jax.Array, transpose: bool = False) -> jax.Array:
-    """``M state`` (``M^T state`` with ``transpose``) for ``state [B, HV, K, V]``: ``M [B, HV, K, K]`` or a scalar per
-    head ``[B, HV]``."""
-    if m.ndim == 2:
+    """``M state`` (``M^T state`` with ``transpose``) for ``state [..., K, X]``: ``M [..., K, K]`` or a scalar per
+    head ``[...]`` (the same leading dims), in float32."""
+    if m.ndim == state.ndim - 2:
         return m[..., None, None] * state
-    return jnp.einsum("bhji,bhjv->bhiv" if transpose else "bhij,bhjv->bhiv", m, state)
+    return jnp.einsum("...ji,...jv->...iv" if transpose else "...ij,...jv->...iv", m, state,
+                      precision=jax.lax.Precision.HIGHEST)
+
+
+def group_count(n_chunks: int, programs: int) -> int:
+    """How many groups of consecutive chunks a shard's extra state passes run side by side (as rows of the batch:
+    :func:`_split`), a power of two dividing ``n_chunks``: a state pass runs its chunks one after the other in
+    ``programs`` programs, so with few of them (a context shard's batch of 1) its time is ``n_chunks`` chunk steps
+    with most of the GPU idle; ``G`` groups take ``n_chunks / G`` steps in ``G x programs`` programs. Grows while
+    the programs stay within four per core (``Device.core_count``: SMs or CUs; 132 where the device does not say)."""
+    cores = getattr(jax.devices()[0], "core_count", None) or 132
+    groups = 1
+    while n_chunks % (2 * groups) == 0 and 2 * groups * programs <= 4 * cores:
+        groups *= 2
+    return groups
+
+
+def _split(x: jax.Array | None, groups: int) -> jax.Array | None:
+    """``[B, L, ...] -> [B G, L / G, ...]``: each row's ``G`` groups of consecutive steps (tokens or chunks) as rows
+    (the kernels' inputs are chunk-local, so a group's pass is the shard's own from the group's start)."""
+    if x is None or groups == 1:
+        return x
+    return x.reshape(x.shape[0] * groups, x.shape[1] // groups, *x.shape[2:])
+
+
+def _fold(transitions: jax.Array, locals_: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The pair of ``G`` consecutive groups from theirs, in ``log2 G`` levels: ``transitions [B, G, HV, K, K]`` (or
+    ``[B, G, HV]``) and ``locals_ [B, G, HV, K, V]`` -> ``(M, S_local)`` of the whole, ``[B, HV, ...]``. Two
+    neighbours ``a`` then ``b`` make ``(M_b M_a, M_b S_a + S_b)``."""
+    while transitions.shape[1] > 1:
+        ma, mb = transitions[:, 0::2], transitions[:, 1::2]
+        locals_ = _carry(mb, locals_[:, 0::2]) + locals_[:, 1::2]
+        transitions = mb * ma if ma.ndim == 3 else _carry(mb, ma)
+    return transitions[:, 0], locals_[:, 0]
+
+
+def _fold_back(transitions: jax.Array, own: jax.Array) -> jax.Array:
+    """The transpose of :func:`_fold`: each group's gradient of its start state from its own outputs, ``own [B, G, HV,
+    K, V]``, -> the first group's from all of them, ``e_0 + M_0^T (e_1 + M_1^T (e_2 + ...))``, in ``log2 G``
+    levels: two neighbours ``a`` then ``b`` make ``(M_b M_a, e_a + M_a^T e_b)``."""
+    while transitions.shape[1] > 1:
+        ma, mb = transitions[:, 0::2], transitions[:, 1::2]
+        own = own[:, 0::2] + _carry(ma, own[:, 1::2], transpose=True)
+        transitions = mb * ma if ma.ndim == 3 else _carry(mb, ma)
+    return own[:, 0]
 
 
 def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array, initial_state: jax.Array | None,
@@ -141,31 +188,61 @@ def _log_decay(gamma: jax.Array, C: int) -> jax.Array:
     return (x + (jnp.cumsum(ends, axis=1) - ends)[:, :, None]).reshape(gamma.shape)
 
 
+def _gla_steps(gamma: jax.Array, rel: jax.Array | None, C: int, groups: int) -> jax.Array:
+    """GLA's transition over each of ``groups`` groups of consecutive chunks, ``[B, G, HV]``: ``exp`` of the group's
+    summed log decay (``gamma [B,T,HV]``: the kernels' gate, summed within each chunk), 0 where a document starts in
+    it (a chunk of ``rel`` whose last row is not in the document it carries in)."""
+    B, T, HV = gamma.shape
+    ends = gamma.reshape(B, T // C, C, HV)[:, :, -1]  # each chunk's total
+    if rel is not None:
+        ends = jnp.where(rel.reshape(B, T // C, C)[:, :, -1:] == 0, ends, -jnp.inf)
+    return jnp.exp(jnp.sum(ends.reshape(B, groups, -1, HV), axis=2))
+
+
 def _pair(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None, last_doc: jax.Array | None,
-          k: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Step 2: ``(M, S_local [B,HV,K,V])`` float32. GLA (no ``w``): :func:`gla_pair` (``M [B,HV]``). The delta rule:
-    ``M [B,HV,K,K]`` from the state pass on ``[u | 0]`` from ``[0 | I]`` (the value width rounded up to the state
-    launch's V tile with zero columns)."""
+          k: jax.Array, groups: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Step 2: ``(M, S_local [B,HV,K,V], each group's M [B,G,HV,K,K])`` float32. GLA (no ``w``): :func:`gla_pair`
+    (``M [B,HV]``; the groups' ``[B,G,HV]``: :func:`_gla_steps`). The delta rule: the state pass on ``[u | 0]``
+    from ``[0 | I]`` (the value width rounded up to the state launch's V tile with zero columns) over ``groups``
+    groups of chunks side by side, then :func:`_fold`."""
     if s.w is None:
-        return gla_pair(k, s.u, _log_decay(gamma, static.chunk), last_doc)
+        transition, local = gla_pair(k, s.u, _log_decay(gamma, static.chunk), last_doc)
+        return transition, local, _gla_steps(gamma, rel, static.chunk, groups)
     B, T, HV, V = s.u.shape
     K = s.k_seq.shape[-1]
     tile = min(static.cfg.block_v, V + K)
     extra = K + (-(V + K)) % tile
     wide_u = jnp.concatenate([s.u, jnp.zeros((B, T, HV, extra), s.u.dtype)], axis=-1)
-    eye = jnp.broadcast_to(jnp.eye(K, extra, dtype=F32), (B, HV, K, extra))
-    start = jnp.concatenate([jnp.zeros((B, HV, K, V), F32), eye], axis=-1)
-    (end,) = state_fwd(static, s.k_seq, gamma, s.w, wide_u, start, rel=rel, final_only=True)
-    return end[..., V:V + K], end[..., :V]
+    eye = jnp.broadcast_to(jnp.eye(K, extra, dtype=F32), (B * groups, HV, K, extra))
+    start = jnp.concatenate([jnp.zeros((B * groups, HV, K, V), F32), eye], axis=-1)
+    (end,) = state_fwd(static, *(_split(x, groups) for x in (s.k_seq, gamma, s.w, wide_u)), start,
+                       rel=_split(rel, groups), final_only=True)
+    end = end.reshape(B, groups, HV, K, V + extra)
+    steps = end[..., V:V + K]
+    transition, local = _fold(steps, end[..., :V])
+    return transition, local, steps
+
+
+def _groups(static: Static, v: jax.Array, K: int, delta: bool) -> int:
+    """:func:`group_count` for this shard's extra passes (``v [B,T,HV,V]`` padded, ``K`` the padded key dim): by the
+    fewer programs of the two, the pair's state pass at value width ``V + K`` (the delta rule) and the reverse pass
+    at ``V``."""
+    B, T, HV, V = v.shape
+    tiles = V // min(static.cfg.state_bwd_block_v(delta), V)
+    if delta:
+        tiles = min(tiles, -(-(V + K) // min(static.cfg.block_v, V + K)))
+    return group_count(T // static.chunk, B * HV * tiles)
 
 
 def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, keep, last_doc):
     s = wy_stage(static, q, k, v, gamma, beta, rel)
-    transitions, locals_, keeps = (exchange.gather(x) for x in (*_pair(static, s, gamma, rel, last_doc, k), keep))
+    groups = _groups(static, v, q.shape[-1], beta is not None)
+    transition, local, steps = _pair(static, s, gamma, rel, last_doc, k, groups)
+    transitions, locals_, keeps = (exchange.gather(x) for x in (transition, local, keep))
     index = exchange.index()
     start, final = shard_prefix(transitions, locals_, keeps, h0, index)
     o, _, res = from_start(static, q, k, v, gamma, beta, start, rel, s)
-    return o, final, (res, transitions, keeps, index)
+    return o, final, (res, transitions, keeps, index, steps)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -181,12 +258,15 @@ def _sharded_fwd(static: Static, exchange: Exchange, with_final: bool, q, k, v, 
 
 
 def _sharded_bwd(static: Static, exchange: Exchange, with_final: bool, saved, cts):
-    res, transitions, keeps, index = saved
+    res, transitions, keeps, index, steps = saved
     do, d_final = cts
     do = do.astype(res.q.dtype)
-    zero = jnp.zeros(d_final.shape, F32)
-    (own,) = state_bwd(static, res, do, zero, start_only=True)
-    d_final = exchange.total(d_final.astype(F32)) if with_final else zero
+    B, groups = steps.shape[:2]
+    zero = jnp.zeros((B * groups, *d_final.shape[1:]), F32)
+    grouped = type(res)(*(_split(x, groups) for x in res))
+    (own,) = state_bwd(static, grouped, _split(do, groups), zero, start_only=True)
+    own = _fold_back(steps, own.reshape(B, groups, *own.shape[1:]))
+    d_final = exchange.total(d_final.astype(F32)) if with_final else zero[:B]
     d_end = reverse_prefix(transitions, exchange.gather(own), keeps, d_final, index)
     dq, dk, dv, dgamma, dbeta, d_start, _ = backward(static, res, do, d_end)
     return dq, dk, dv, dgamma, dbeta, jnp.where(index == 0, d_start, 0.0), None, None, None

@@ -2,8 +2,9 @@
 (``kernels.reference.naive_recurrence``) on the whole sequence: GDN, KDA and GLA (Mamba2's SSD) over 4 shards, with
 an initial state, the final state, grouped value heads and packed documents whose boundaries fall on, just before
 and just after shard edges (and none); outputs, final states and the gradients of every input, the initial state
-included; in XLA and with the Pallas kernels (interpreted: the delta rule's two-pass op,
-``kernels/recurrent/context.py``, on shards of 8 tokens, ragged against its chunk of 16)."""
+included; in XLA and with the Pallas kernels (interpreted: the two-pass op, ``kernels/recurrent/context.py``, on
+shards of 8 tokens, ragged against its chunk of 16, and on 2 shards of 64 tokens, whose extra passes run their 4
+chunks as 4 groups side by side, documents starting on and around the groups' edges)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 from hybrid_jax import kernels
+from hybrid_jax.kernels.recurrent import context
 from hybrid_jax.kernels.reference import naive_recurrence
 from hybrid_jax.parallel import recurrence
 from tests.conftest import rel_err
 
-N, B, T, H, HV, K, V = 4, 2, 32, 1, 2, 8, 4  # shards of 8 tokens: edges at 8, 16, 24
+B, H, HV, K, V = 2, 1, 2, 8, 4
+T, N = 32, 4  # shards of 8 tokens: edges at 8, 16, 24
 STARTS = ((8, 15, 17, 24, 25), (3, 7, 16, 25))  # document starts per row: on, just before, just after edges
+# 2 shards of 64 tokens (edge at 64), each 4 chunks of 16 (the groups' edges at 16, 32, 48 in each shard)
+LONG = (128, 2, ((16, 33, 63, 64, 97), (31, 48, 65, 80, 112)))
 OPS = {  # name: (context-parallel function, per-key gate, delta rule)
     "gdn": (recurrence.chunk_gated_delta_rule, False, True),
     "kda": (recurrence.chunk_kda, True, True),
@@ -27,10 +32,11 @@ OPS = {  # name: (context-parallel function, per-key gate, delta rule)
 }
 
 
-def inputs(name: str) -> dict[str, jax.Array]:
+def inputs(name: str, T: int = T, decay: float = 1.0) -> dict[str, jax.Array]:
+    """``decay`` scales the log gates (small: states carried across many tokens, transitions far from 0)."""
     _, per_key, delta = OPS[name]
     ks = jax.random.split(jax.random.PRNGKey(len(name)), 6)
-    g = -jax.nn.softplus(jax.random.normal(ks[3], (B, T, HV, K) if per_key else (B, T, HV)))
+    g = -decay * jax.nn.softplus(jax.random.normal(ks[3], (B, T, HV, K) if per_key else (B, T, HV)))
     x = dict(q=jax.random.normal(ks[0], (B, T, H, K)), k=jax.random.normal(ks[1], (B, T, H, K)),
              v=jax.random.normal(ks[2], (B, T, HV, V)), g=g * (0.3 if per_key else 1.0),
              h0=jax.random.normal(ks[5], (B, HV, K, V)))
@@ -39,9 +45,9 @@ def inputs(name: str) -> dict[str, jax.Array]:
     return x
 
 
-def segment_ids() -> jax.Array:
+def segment_ids(T: int = T, starts_per_row=STARTS) -> jax.Array:
     seg = np.zeros((B, T), np.int32)
-    for row, starts in enumerate(STARTS):
+    for row, starts in enumerate(starts_per_row):
         for s in starts:
             seg[row, s:] += 1
     return jnp.asarray(seg)
@@ -53,9 +59,9 @@ def reference(name: str, x: dict, seg):
                             use_qk_l2norm=delta, segment_ids=seg)
 
 
-def context_parallel(name: str, x: dict, seg, impl: str = "xla"):
+def context_parallel(name: str, x: dict, seg, impl: str = "xla", shards: int = N):
     fn, _, delta = OPS[name]
-    mesh = Mesh(np.asarray(jax.devices()[:N]), ("context",))
+    mesh = Mesh(np.asarray(jax.devices()[:shards]), ("context",))
     time, whole = PartitionSpec(None, "context"), PartitionSpec()
 
     def local(x, seg):
@@ -69,11 +75,16 @@ def context_parallel(name: str, x: dict, seg, impl: str = "xla"):
                          out_specs=(time, whole), check_vma=False)(x, seg)
 
 
-@pytest.mark.parametrize("documents,impl", [(True, "xla"), (False, "xla"), (True, "pallas_interpret")])
-def test_context_parallel_recurrences_equal_the_token_scan(documents, impl):
-    seg = segment_ids() if documents else None
-    xs = {name: inputs(name) for name in OPS}
-    weights = {name: (jax.random.normal(jax.random.PRNGKey(7), (B, T, HV, V)),
+@pytest.mark.parametrize("documents,impl,long", [(True, "xla", False), (False, "xla", False),
+                                                  (True, "pallas_interpret", False), (True, "pallas_interpret", True),
+                                                  (False, "pallas_interpret", True)])
+def test_context_parallel_recurrences_equal_the_token_scan(documents, impl, long):
+    length, shards, starts = LONG if long else (T, N, STARTS)
+    if long:  # the extra passes run in groups (a small batch x heads, chunks to spare)
+        assert context.group_count(length // shards // 16, B * HV) == 4
+    seg = segment_ids(length, starts) if documents else None
+    xs = {name: inputs(name, length, 0.03 if long else 1.0) for name in OPS}  # long: decay ~0.6 over a group
+    weights = {name: (jax.random.normal(jax.random.PRNGKey(7), (B, length, HV, V)),
                       jax.random.normal(jax.random.PRNGKey(8), (B, HV, K, V))) for name in OPS}
 
     def results(run):
@@ -84,7 +95,7 @@ def test_context_parallel_recurrences_equal_the_token_scan(documents, impl):
         return jax.jit(jax.value_and_grad(loss, has_aux=True))(xs)
 
     (_, want), want_grads = results(reference)
-    (_, got), got_grads = results(lambda name, x, seg: context_parallel(name, x, seg, impl))
+    (_, got), got_grads = results(lambda name, x, seg: context_parallel(name, x, seg, impl, shards))
     for name in OPS:
         for what, a, b in (("output", got[name][0], want[name][0]), ("final state", got[name][1], want[name][1])):
             assert rel_err(a, b) < 1e-5, f"{name} {what}: {rel_err(a, b):.2e}"
