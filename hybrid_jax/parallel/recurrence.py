@@ -63,7 +63,8 @@ def _start_states(transition: jax.Array, local: jax.Array, keep: jax.Array, init
     ``[B, HV, K, K]`` or ``[B, HV]``), ``local`` (``S_local [B, HV, K, V]``) and ``keep`` (``[B]``), then
     ``shard_prefix``."""
     gathered = (shards.gather(transition.astype(F32)), shards.gather(local), shards.gather(keep))
-    return shard_prefix(*gathered, initial_state, shards.index())
+    starts, final = shard_prefix(*gathered, initial_state)
+    return starts[shards.index()], final
 
 
 def _widened_delta_rule(kernel, q, k, v, g, beta, *, scale, use_qk_l2norm: bool, chunk_size, impl: Impl, segment_ids

@@ -75,15 +75,19 @@ def _carry(m: jax.Array, state: jax.Array, transpose: bool = False) -> jax.Array
                       precision=jax.lax.Precision.HIGHEST)
 
 
+MAX_GROUPS = 8  # the prefix over a shard's groups is sequential: G - 1 small products each way
+
+
 def group_count(n_chunks: int, programs: int) -> int:
-    """How many groups of consecutive chunks a shard's extra state passes run side by side (as rows of the batch:
-    :func:`_split`), a power of two dividing ``n_chunks``: a state pass runs its chunks one after the other in
-    ``programs`` programs, so with few of them (a context shard's batch of 1) its time is ``n_chunks`` chunk steps
-    with most of the GPU idle; ``G`` groups take ``n_chunks / G`` steps in ``G x programs`` programs. Grows while
-    the programs stay within four per core (``Device.core_count``: SMs or CUs; 132 where the device does not say)."""
+    """How many groups of consecutive chunks a shard's state passes run side by side (as rows of the batch:
+    :func:`_split`), a power of two dividing ``n_chunks``, at most :data:`MAX_GROUPS`: a state pass runs its chunks
+    one after the other in ``programs`` programs, so with few of them (a context shard's batch of 1) its time is
+    ``n_chunks`` chunk steps with most of the GPU idle; ``G`` groups take ``n_chunks / G`` steps in ``G x programs``
+    programs. Grows while the programs stay within four per core (``Device.core_count``: SMs or CUs; 132 where the
+    device does not say)."""
     cores = getattr(jax.devices()[0], "core_count", None) or 132
     groups = 1
-    while n_chunks % (2 * groups) == 0 and 2 * groups * programs <= 4 * cores:
+    while 2 * groups <= MAX_GROUPS and n_chunks % (2 * groups) == 0 and 2 * groups * programs <= 4 * cores:
         groups *= 2
     return groups
 
@@ -118,44 +122,47 @@ def _fold_back(transitions: jax.Array, own: jax.Array) -> jax.Array:
     return own[:, 0]
 
 
-def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array, initial_state: jax.Array | None,
-                 index: int | jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The exclusive prefix of ``S -> M_i S + S_local(i)`` over the ``n`` gathered pairs, the same on every shard.
+def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array | None,
+                 initial_state: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """The exclusive prefix of ``S -> M_i S + S_local(i)`` over ``n`` pairs in order (the gathered shards', the same
+    on every shard; or a shard's groups').
 
     Args:
-      transitions: ``M`` of every shard, ``[n, B, HV, K, K]`` (``S_out = M @ S_in``) or ``[n, B, HV]`` (a scalar per
-        head), float32.
-      locals_: ``S_local [n, B, HV, K, V]`` float32, each shard's final state from a zero start.
-      keeps: ``[n, B]`` bool, shard ``i``'s first token continues shard ``i - 1``'s document (else it starts at 0).
-      initial_state: ``[B, HV, K, V]``, shard 0's start state (``None``: zeros).
-      index: the shard whose start state is returned.
-    Returns ``(shard index's start state, the last shard's final state)``, both ``[B, HV, K, V]`` float32.
+      transitions: ``M`` of each, ``[n, B, HV, K, K]`` (``S_out = M @ S_in``) or ``[n, B, HV]`` (a scalar per head),
+        float32.
+      locals_: ``S_local [n, B, HV, K, V]`` float32, each one's final state from a zero start.
+      keeps: ``[n, B]`` bool, part ``i``'s first token continues part ``i - 1``'s document (else it starts at 0);
+        None: always.
+      initial_state: ``[B, HV, K, V]``, part 0's start state (``None``: zeros).
+    Returns ``(every part's start state [n, B, HV, K, V], the last one's final state [B, HV, K, V])``, float32.
     """
     state = jnp.zeros_like(locals_[0]) if initial_state is None else initial_state.astype(F32)
     starts = []
     for i in range(transitions.shape[0]):
-        if i:
+        if i and keeps is not None:
             state = jnp.where(keeps[i][:, None, None, None], state, 0.0)
         starts.append(state)
         state = _carry(transitions[i], state) + locals_[i]
-    return jnp.stack(starts)[index], state
+    return jnp.stack(starts), state
 
 
-def reverse_prefix(transitions: jax.Array, own: jax.Array, keeps: jax.Array, d_final: jax.Array,
-                   index: int | jax.Array) -> jax.Array:
-    """The gradient of shard ``index``'s end state, the transpose of :func:`shard_prefix`'s chain: the last shard's
-    is ``d_final``; shard ``i - 1``'s is ``keep(i) (dS_own(i) + M_i^T dS_end(i))``.
+def reverse_prefix(transitions: jax.Array, own: jax.Array, keeps: jax.Array | None, d_final: jax.Array
+                   ) -> jax.Array:
+    """The gradient of each part's end state, the transpose of :func:`shard_prefix`'s chain: the last part's is
+    ``d_final``; part ``i - 1``'s is ``keep(i) (dS_own(i) + M_i^T dS_end(i))``.
 
-    Args: ``transitions [n, B, HV, K, K]`` (or ``[n, B, HV]``) and ``keeps [n, B]`` as :func:`shard_prefix`'s;
-    ``own [n, B, HV, K, V]`` float32, each shard's ``dS_own`` (its outputs' gradient of its start state);
-    ``d_final [B, HV, K, V]``: the gradient of the sequence's final state. Returns ``[B, HV, K, V]`` float32."""
+    Args: ``transitions [n, B, HV, K, K]`` (or ``[n, B, HV]``) and ``keeps [n, B]`` (or None) as
+    :func:`shard_prefix`'s; ``own [n, B, HV, K, V]`` float32, each part's ``dS_own`` (its outputs' gradient of its
+    start state); ``d_final [B, HV, K, V]``: the gradient of the last part's final state. Returns ``[n, B, HV, K, V]``
+    float32."""
     d_end = d_final.astype(F32)
     ends = [d_end]
     for i in range(transitions.shape[0] - 1, 0, -1):
-        d_start = own[i] + _carry(transitions[i], d_end, transpose=True)
-        d_end = jnp.where(keeps[i][:, None, None, None], d_start, 0.0)
+        d_end = own[i] + _carry(transitions[i], d_end, transpose=True)
+        if keeps is not None:
+            d_end = jnp.where(keeps[i][:, None, None, None], d_end, 0.0)
         ends.append(d_end)
-    return jnp.stack(ends[::-1])[index]
+    return jnp.stack(ends[::-1])
 
 
 def gla_pair(k: jax.Array, v: jax.Array, log_decay: jax.Array, last_doc: jax.Array | None
@@ -199,77 +206,100 @@ def _gla_steps(gamma: jax.Array, rel: jax.Array | None, C: int, groups: int) -> 
     return jnp.exp(jnp.sum(ends.reshape(B, groups, -1, HV), axis=2))
 
 
-def _pair(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None, last_doc: jax.Array | None,
-          k: jax.Array, groups: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Step 2: ``(M, S_local [B,HV,K,V], each group's M [B,G,HV,K,K])`` float32. GLA (no ``w``): :func:`gla_pair`
-    (``M [B,HV]``; the groups' ``[B,G,HV]``: :func:`_gla_steps`). The delta rule: the state pass on ``[u | 0]``
-    from ``[0 | I]`` (the value width rounded up to the state launch's V tile with zero columns) over ``groups``
-    groups of chunks side by side, then :func:`_fold`."""
+def _group_pairs(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None, seg: jax.Array | None,
+                 k: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+    """Step 2, per group of chunks: ``(M [B,G,HV,K,K], S_local [B,G,HV,K,V])`` float32. The delta rule: the state pass
+    on ``[u | 0]`` from ``[0 | I]`` (the value width rounded up to the state launch's V tile with zero columns) over
+    the groups side by side. GLA (no ``w``; ``M [B,G,HV]``): :func:`_gla_steps` and :func:`gla_pair` over each
+    group's last document (``seg [B,T]``: the shard's segment ids, padding continuing the last; None: one)."""
+    split = functools.partial(_split, groups=groups)
+    B = k.shape[0]
     if s.w is None:
-        transition, local = gla_pair(k, s.u, _log_decay(gamma, static.chunk), last_doc)
-        return transition, local, _gla_steps(gamma, rel, static.chunk, groups)
-    B, T, HV, V = s.u.shape
+        last_doc = None if seg is None else split(seg) == split(seg)[:, -1:]
+        _, local = gla_pair(split(k), split(s.u), _log_decay(split(gamma), static.chunk), last_doc)
+        return _gla_steps(gamma, rel, static.chunk, groups), local.reshape(B, groups, *local.shape[1:])
+    _, T, HV, V = s.u.shape
     K = s.k_seq.shape[-1]
     tile = min(static.cfg.block_v, V + K)
     extra = K + (-(V + K)) % tile
     wide_u = jnp.concatenate([s.u, jnp.zeros((B, T, HV, extra), s.u.dtype)], axis=-1)
     eye = jnp.broadcast_to(jnp.eye(K, extra, dtype=F32), (B * groups, HV, K, extra))
     start = jnp.concatenate([jnp.zeros((B * groups, HV, K, V), F32), eye], axis=-1)
-    (end,) = state_fwd(static, *(_split(x, groups) for x in (s.k_seq, gamma, s.w, wide_u)), start,
-                       rel=_split(rel, groups), final_only=True)
+    (end,) = state_fwd(static, *map(split, (s.k_seq, gamma, s.w, wide_u)), start, rel=split(rel), final_only=True)
     end = end.reshape(B, groups, HV, K, V + extra)
-    steps = end[..., V:V + K]
-    transition, local = _fold(steps, end[..., :V])
-    return transition, local, steps
+    return end[..., V:V + K], end[..., :V]
 
 
 def _groups(static: Static, v: jax.Array, K: int, delta: bool) -> int:
-    """:func:`group_count` for this shard's extra passes (``v [B,T,HV,V]`` padded, ``K`` the padded key dim): by the
-    fewer programs of the two, the pair's state pass at value width ``V + K`` (the delta rule) and the reverse pass
-    at ``V``."""
+    """:func:`group_count` for this shard's state passes (``v [B,T,HV,V]`` padded, ``K`` the padded key dim), by the
+    fewest programs of them: the plain forward's and the reverse passes' (value width ``V``), the delta rule's pair
+    (``V + K``)."""
     B, T, HV, V = v.shape
-    tiles = V // min(static.cfg.state_bwd_block_v(delta), V)
+    tiles = min(V // min(static.cfg.block_v, V), V // min(static.cfg.state_bwd_block_v(delta), V))
     if delta:
         tiles = min(tiles, -(-(V + K) // min(static.cfg.block_v, V + K)))
     return group_count(T // static.chunk, B * HV * tiles)
 
 
-def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, keep, last_doc):
+def _by_group(x: jax.Array) -> jax.Array:
+    """``[B, G, ...] -> [G, B, ...]``: groups first, as :func:`shard_prefix` takes parts."""
+    return jnp.moveaxis(x, 1, 0)
+
+
+def _rows(x: jax.Array) -> jax.Array:
+    """``[G, B, ...]`` per group -> ``[B G, ...]``, the rows of :func:`_split`."""
+    return jnp.moveaxis(x, 0, 1).reshape(-1, *x.shape[2:])
+
+
+def _joined(x: jax.Array | None, batch: int) -> jax.Array | None:
+    """The inverse of :func:`_split`: ``[B G, L / G, ...] -> [B, L, ...]``."""
+    return None if x is None else x.reshape(batch, -1, *x.shape[2:])
+
+
+def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, keep, seg):
+    """Steps 1-4, the state passes over the groups of :func:`_groups` side by side (the plain one from each group's
+    start state: the prefix over the groups from the shard's). The residuals are in the groups' rows."""
+    B, groups = q.shape[0], _groups(static, v, q.shape[-1], beta is not None)
+    split = functools.partial(_split, groups=groups)
     s = wy_stage(static, q, k, v, gamma, beta, rel)
-    groups = _groups(static, v, q.shape[-1], beta is not None)
-    transition, local, steps = _pair(static, s, gamma, rel, last_doc, k, groups)
-    transitions, locals_, keeps = (exchange.gather(x) for x in (transition, local, keep))
+    steps, parts = _group_pairs(static, s, gamma, rel, seg, k, groups)
+    transitions, locals_, keeps = (exchange.gather(x) for x in (*_fold(steps, parts), keep))
     index = exchange.index()
-    start, final = shard_prefix(transitions, locals_, keeps, h0, index)
-    o, _, res = from_start(static, q, k, v, gamma, beta, start, rel, s)
-    return o, final, (res, transitions, keeps, index, steps)
+    starts, final = shard_prefix(transitions, locals_, keeps, h0)
+    group_starts, _ = shard_prefix(_by_group(steps), _by_group(parts), None, starts[index])
+    o, _, res = from_start(static, *map(split, (q, k, v, gamma, beta)), _rows(group_starts), split(rel),
+                           WY(*map(split, s)))
+    return _joined(o, B), final, (res, transitions, keeps, index, steps)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _sharded(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep, last_doc):
-    o, final, _ = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep, last_doc)
+def _sharded(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep, seg):
+    o, final, _ = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep, seg)
     return o, final
 
 
-def _sharded_fwd(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep,
-                 last_doc):
-    o, final, saved = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep, last_doc)
+def _sharded_fwd(static: Static, exchange: Exchange, with_final: bool, q, k, v, gamma, beta, h0, rel, keep, seg):
+    o, final, saved = _forward(static, exchange, q, k, v, gamma, beta, h0, rel, keep, seg)
     return (o, final), saved
 
 
 def _sharded_bwd(static: Static, exchange: Exchange, with_final: bool, saved, cts):
+    """Steps 5-7 over the forward's groups: each group's own start gradient, folded to the shard's for the exchange;
+    the plain backward from each group's end-state gradient (the reverse prefix over the groups from the shard's)."""
     res, transitions, keeps, index, steps = saved
     do, d_final = cts
-    do = do.astype(res.q.dtype)
     B, groups = steps.shape[:2]
+    do = _split(do.astype(res.q.dtype), groups)
     zero = jnp.zeros((B * groups, *d_final.shape[1:]), F32)
-    grouped = type(res)(*(_split(x, groups) for x in res))
-    (own,) = state_bwd(static, grouped, _split(do, groups), zero, start_only=True)
-    own = _fold_back(steps, own.reshape(B, groups, *own.shape[1:]))
+    (own,) = state_bwd(static, res, do, zero, start_only=True)
+    own = own.reshape(B, groups, *own.shape[1:])
     d_final = exchange.total(d_final.astype(F32)) if with_final else zero[:B]
-    d_end = reverse_prefix(transitions, exchange.gather(own), keeps, d_final, index)
-    dq, dk, dv, dgamma, dbeta, d_start, _ = backward(static, res, do, d_end)
-    return dq, dk, dv, dgamma, dbeta, jnp.where(index == 0, d_start, 0.0), None, None, None
+    d_end = reverse_prefix(transitions, exchange.gather(_fold_back(steps, own)), keeps, d_final)[index]
+    d_ends = reverse_prefix(_by_group(steps), _by_group(own), None, d_end)
+    dq, dk, dv, dgamma, dbeta, d_start, _ = backward(static, res, do, _rows(d_ends))
+    d_start = d_start.reshape(B, groups, *d_start.shape[1:])[:, 0]
+    grads = (_joined(x, B) for x in (dq, dk, dv, dgamma, dbeta))
+    return *grads, jnp.where(index == 0, d_start, 0.0), None, None, None
 
 
 _sharded.defvjp(_sharded_fwd, _sharded_bwd)
@@ -291,9 +321,9 @@ def chunk_recurrence_sharded(
     argument but ``keep`` and ``segment_ids``."""
     x = prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm=use_qk_l2norm,
                 chunk_size=chunk_size, interpret=interpret, config=None, segment_ids=segment_ids)
-    last_doc = None  # GLA's pair: the tokens of the shard's last document (padding: beyond it, zeros)
+    seg = None  # GLA's pairs: the documents (padding continues the last)
     if beta is None and segment_ids is not None:
-        last_doc = jnp.pad(segment_ids == segment_ids[:, -1:], ((0, 0), (0, x.q.shape[1] - x.T)))
+        seg = jnp.pad(segment_ids, ((0, 0), (0, x.q.shape[1] - x.T)), mode="edge")
     run = functools.partial(_sharded, x.static, exchange, output_final_state)
-    o, final = per_batch_shard(run, q.shape[0])(x.q, x.k, x.v, x.gamma, x.beta, x.h0, x.rel, keep, last_doc)
+    o, final = per_batch_shard(run, q.shape[0])(x.q, x.k, x.v, x.gamma, x.beta, x.h0, x.rel, keep, seg)
     return o[:, :x.T, :, :x.V].astype(x.dtype), (final[:, :, :x.K, :x.V] if output_final_state else None)
