@@ -15,7 +15,8 @@ matmuls, the same on every shard) from the caller's ``initial_state`` on shard 0
 
 * the delta rule with the Pallas kernels: ``kernels/recurrent/context.py`` (the pair from a state pass that keeps
   its final state alone, then the plain kernels from ``S_in``; its backward passes the end state's gradient back
-  the same way, under its own VJP);
+  the same way, under its own VJP; each state pass runs the shard's chunks in groups side by side, chained the same
+  way inside the shard);
 * the delta rule in XLA (the reference of that): the kernel runs once on ``[v | 0]`` (value width ``V + K``) from
   ``[0 | I]``, whose last ``K`` state columns evolve as ``M_t`` (they see no ``v``): the final state is ``[S_local |
   M]``, the first ``V`` output channels ``o_local`` and the last ``K`` ``scale M_t^T q_t``; the outputs are then
