@@ -7,30 +7,37 @@ end state from a zero start). Inside a ``shard_map`` over the time axis, each sh
 
 forward
   1. the WY transform (the delta rule; once, shared by 2 and 4);
-  2. its pair ``(M, S_local)``. The delta rule's: one state pass on ``[u | 0]`` from ``[0 | I]`` (value width ``V +
-     K``) that keeps its final state alone, ``[S_local | M]`` (the last ``K`` columns see no ``u``, so they evolve
-     as ``M_t``), run over groups of chunks side by side and folded (:func:`group_count`, :func:`_fold`). GLA's in
-     closed form (:func:`gla_pair`: one weighted product per head, no kernel);
+  2. its pair ``(M, S_local)``, from each group's (below) folded (:func:`_fold`). The delta rule's: one state pass on
+     ``[u | 0]`` from ``[0 | I]`` (value width ``V + K``) that keeps its final state alone, ``[S_local | M]`` (the
+     last ``K`` columns see no ``u``, so they evolve as ``M_t``). GLA's in closed form (:func:`gla_pair`: one
+     weighted product per head, no kernel);
   3. gathers every shard's pair and :func:`shard_prefix` gives its true start state ``S_in`` and the sequence's
      final state;
-  4. the plain forward (state pass, output) from ``S_in``: its outputs are exact, its residuals the plain ones.
+  4. the plain forward (state pass, output) from each group's start state (the prefix over the groups from
+     ``S_in``): its outputs are exact, its residuals the plain ones.
 
 backward
-  5. the reverse state pass alone from a zero end gradient, over the same groups, folded back
-     (:func:`_fold_back`): ``dS_own``, the gradient of its own outputs with respect to its start state;
+  5. the reverse state pass alone from a zero end gradient: ``dS_own``, the gradient of its own outputs with respect
+     to its start state (each group's, folded back: :func:`_fold_back`);
   6. gathers every shard's ``dS_own`` and :func:`reverse_prefix` gives ``dS_end``, the gradient of its end state from
      every later shard and the final state;
-  7. the plain backward with ``dS_end`` as the end state's gradient: every input's gradient, exact (the shard's end
-     state is ``M S_in + S_local`` and later shards see it only through that).
+  7. the plain backward from each group's end-state gradient (the reverse prefix over the groups from ``dS_end``):
+     every input's gradient, exact (the shard's end state is ``M S_in + S_local`` and later shards see it only
+     through that).
+
+Groups (:func:`group_count`): a shard of one sequence gives a state pass few programs (batch x value heads x V
+tiles), and such a pass's time is its number of chunk steps with most of the GPU idle, so every state pass above
+runs the shard's ``N`` chunks as ``G`` groups of ``N / G`` side by side (rows of the batch: the kernels' inputs
+are chunk-local), chained inside the shard by the same affine form as across the shards.
 
 Against the plain call on the shard this adds the pair (the delta rule: one forward state pass of width ``V + K``
-that writes nothing but its final state), one reverse state pass that writes nothing but its start gradient (both
-in ``G`` groups of ``N / G`` chunks: a shard of one sequence has few programs, and a state pass's time is its
-number of chunk steps), the groups' folds (``log2 G`` levels of small products per head), and the prefixes (``n``
-small products per head, the same on every shard); the collectives move ``K (K + V)`` floats per head forward
-(GLA: ``K V + 1``) and ``K V`` back. ``hybrid_jax.parallel.recurrence`` calls it for the Pallas
-kernels; its XLA form (the delta rule: one widened call and a completion product; GLA: the pair, then the kernel
-from ``S_in``, under ``jax.grad``) is the reference it is tested against, with the token-by-token recurrence.
+that writes nothing but its final state), one reverse state pass that writes nothing but its start gradient, the
+groups' folds and prefixes (``log2 G`` and ``G - 1`` small products per head each way) and the shards' (``n``,
+the same on every shard); with groups the plain passes take ``N / G`` steps, where the plain call takes ``N``. The
+collectives move ``K (K + V)`` floats per head forward (GLA: ``K V + 1``) and ``K V`` back.
+``hybrid_jax.parallel.recurrence`` calls it for the Pallas kernels; its XLA form (the delta rule: one widened call
+and a completion product; GLA: the pair, then the kernel from ``S_in``, under ``jax.grad``) is the reference it is
+tested against, with the token-by-token recurrence.
 
 A document that starts inside a shard cuts the prefix: the kernels' segment ids reset the ``[0 | I]`` columns to 0
 there (``M`` = 0; GLA: ``S_local`` sums the shard's last document only and ``M`` is 0), and a shard whose first
