@@ -32,7 +32,8 @@ def test_mesh_context_axis_and_its_checks():
     config = tiny_config()
     config.mesh.context = 4
     assert mesh_lib.mesh_shape(config.mesh, 8) == (2, 1, 4)
-    with pytest.raises(ValueError, match="context=4 does not divide the 6 devices"):
+    with pytest.raises(ValueError, match=r"context=4 does not divide the 6 devices \(with mesh.fsdp=1, mesh.context "
+                                         r"can be 1, 2, 3, 6\)"):
         mesh_lib.mesh_shape(config.mesh, 6)
     assert check_config(config, 2) == 4  # batch shards: data x fsdp only
     config.mesh.context = 3

@@ -61,7 +61,11 @@ def mesh_shape(mesh_cfg: ConfigDict, n_devices: int) -> tuple[int, int, int]:
     rest = fsdp * context
     if data == -1:
         if n_devices % rest:
-            raise ValueError(f"mesh.fsdp={fsdp} x mesh.context={context} does not divide the {n_devices} devices")
+            fits = [c for c in range(1, n_devices + 1) if n_devices % (fsdp * c) == 0]
+            hint = (f"with mesh.fsdp={fsdp}, mesh.context can be {', '.join(map(str, fits))}" if fits else
+                    f"mesh.fsdp must divide {n_devices}")
+            raise ValueError(f"mesh.fsdp={fsdp} x mesh.context={context} does not divide the {n_devices} devices "
+                             f"({hint})")
         data = n_devices // rest
     if data < 1 or data * rest != n_devices:
         raise ValueError(f"mesh data={mesh_cfg.data} x fsdp={fsdp} x context={context} must use all {n_devices} "
