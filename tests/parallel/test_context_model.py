@@ -1,8 +1,9 @@
 """The whole model with each sequence split over a ``context`` mesh axis equals one device: the tiny hybrid with
 every sublayer kind (MLA, GDN, KDA, Mamba2, MLP), float32, B = 2, packed documents whose boundaries fall on, just
 before and just after the shard edges, RoPE positions restarting per document; context 4 alone and data 2 x context 4
-(with every sublayer rematerialised; also with every kernel in its Pallas form, interpreted), through the train
-step's ``batch_loss`` (which takes the context path under such a mesh). The paths without segment ids:
+(with every sublayer rematerialised; also with every kernel in its Pallas form, interpreted, on shards of two
+chunks, whose recurrences then run as two groups side by side), through the train step's ``batch_loss`` (which
+takes the context path under such a mesh). The paths without segment ids:
 ``test_context_step.py`` and ``test_context_recurrence.py``."""
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ T = 32  # 4 shards of 8 tokens: edges at 8, 16, 24
 # document starts per row: on an edge (8), just before (15) and just after (17) one, then a one-token document
 # on the last shard (24, 25); row 1: starts at 3, 7 (just before an edge), 16 (on one) and 25
 STARTS = ((8, 15, 17, 24, 25), (3, 7, 16, 25))
+# 4 shards of 32 tokens (2 chunks of 16 each: the groups' edges at 16, 48, 80, 112), starts on and around both edges
+LONG = (128, ((16, 31, 32, 33, 64, 97), (15, 48, 65, 96, 112)))
 
 
 def tiny_config():
@@ -38,12 +41,12 @@ def tiny_config():
     return c
 
 
-def batch(vocab: int) -> Batch:
-    """``[2, T+1]`` random tokens and the segment ids of :data:`STARTS`."""
+def batch(vocab: int, length: int = T, starts_per_row=STARTS) -> Batch:
+    """``[2, length+1]`` random tokens and the segment ids of ``starts_per_row``."""
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, vocab, (2, T + 1), dtype=np.int32)
-    seg = np.zeros((2, T + 1), np.int32)
-    for row, starts in enumerate(STARTS):
+    tokens = rng.integers(0, vocab, (2, length + 1), dtype=np.int32)
+    seg = np.zeros((2, length + 1), np.int32)
+    for row, starts in enumerate(starts_per_row):
         for s in starts:
             seg[row, s:] += 1
     return Batch(tokens, seg)
@@ -71,13 +74,14 @@ def loss_and_grads(cfg, b: Batch, mesh: Mesh | None):
         return step(params, b)
 
 
-@pytest.mark.parametrize("data,impl", [(1, "xla"), (2, "xla"), (2, "pallas_interpret")])
-def test_context_parallel_loss_and_grads_equal_one_device(data, impl):
+@pytest.mark.parametrize("data,impl,long", [(1, "xla", False), (2, "xla", False), (2, "pallas_interpret", True)])
+def test_context_parallel_loss_and_grads_equal_one_device(data, impl, long):
     cfg = tiny_config()
-    b = batch(cfg.model.vocab_size)
-    if "reference" not in _CACHE:
-        _CACHE["reference"] = loss_and_grads(cfg, b, None)
-    ref_loss, ref_grads = _CACHE["reference"]
+    b = batch(cfg.model.vocab_size, *LONG) if long else batch(cfg.model.vocab_size)
+    key = ("reference", long)
+    if key not in _CACHE:
+        _CACHE[key] = loss_and_grads(cfg, b, None)
+    ref_loss, ref_grads = _CACHE[key]
     cfg.mesh.update(dict(data=data, context=4))
     cfg.model.kernel_impl = impl
     if data == 2:
