@@ -10,8 +10,9 @@ recurrence is affine in the state a shard starts from::
 so a shard's final state is ``M S_in + S_local`` (``M = A_T ... A_1``, ``[K, K]``; for GLA the scalar
 ``exp(sum g)``). Each shard computes its pair ``(M, S_local)`` from a zero state, all-gathers the pairs and a flag
 per row (whether its first token continues the previous shard's last document), runs the exclusive prefix
-``S_in(i+1) = keep(i+1) (M_i S_in(i) + S_local(i))`` (``kernels/recurrent/context.py::shard_prefix``, ``n`` small
-matmuls, the same on every shard) from the caller's ``initial_state`` on shard 0, and gives its exact outputs:
+``S_in(i+1) = keep(i+1) (M_i S_in(i) + S_local(i))`` (``kernels/recurrent/prefix.py::shard_prefix``, ``log2 n``
+levels of small matmuls, the same on every shard) from the caller's ``initial_state`` on shard 0, and gives its
+exact outputs:
 
 * the delta rule with the Pallas kernels: ``kernels/recurrent/context.py`` (the pair from a state pass that keeps
   its final state alone, then the plain kernels from ``S_in``; its backward passes the end state's gradient back
@@ -40,7 +41,8 @@ import jax.numpy as jnp
 
 from hybrid_jax import kernels
 from hybrid_jax.kernels.api import Impl
-from hybrid_jax.kernels.recurrent.context import chunk_recurrence_sharded, gla_pair, shard_prefix
+from hybrid_jax.kernels.recurrent.context import chunk_recurrence_sharded, gla_pair
+from hybrid_jax.kernels.recurrent.prefix import shard_prefix
 from hybrid_jax.kernels.registry import resolve_impl
 from hybrid_jax.parallel.shards import Shards
 

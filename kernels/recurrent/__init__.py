@@ -8,7 +8,8 @@ Files, one concern each:
     forward.py        the wy, state_fwd and output launches
     backward.py       the state_bwd and grad launches
     op.py             the custom_vjp op and its XLA glue: :func:`chunk_recurrence`
-    context.py        the delta rule on one shard of a sequence split over devices (two passes, exact)
+    context.py        GDN, KDA, GLA on one shard of a sequence split over devices (two passes, exact)
+    prefix.py         chains of affine state maps over shards or groups of chunks (log-depth scans)
     search.py         the launch search space and per-stage inputs for sweeping launches
 """
 

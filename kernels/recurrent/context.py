@@ -7,19 +7,19 @@ end state from a zero start). Inside a ``shard_map`` over the time axis, each sh
 
 forward
   1. the WY transform (the delta rule; once, shared by 2 and 4);
-  2. its pair ``(M, S_local)``, from each group's (below) folded (:func:`_fold`). The delta rule's: one state pass on
+  2. its pair ``(M, S_local)``, from each group's (below) chained (``prefix.scan``). The delta rule's: one state pass on
      ``[u | 0]`` from ``[0 | I]`` (value width ``V + K``) that keeps its final state alone, ``[S_local | M]`` (the
      last ``K`` columns see no ``u``, so they evolve as ``M_t``). GLA's in closed form (:func:`gla_pair`: one
      weighted product per head, no kernel);
-  3. gathers every shard's pair and :func:`shard_prefix` gives its true start state ``S_in`` and the sequence's
+  3. gathers every shard's pair and ``prefix.shard_prefix`` gives its true start state ``S_in`` and the sequence's
      final state;
   4. the plain forward (state pass, output) from each group's start state (the prefix over the groups from
      ``S_in``): its outputs are exact, its residuals the plain ones.
 
 backward
   5. the reverse state pass alone from a zero end gradient: ``dS_own``, the gradient of its own outputs with respect
-     to its start state (each group's, folded back: :func:`_fold_back`);
-  6. gathers every shard's ``dS_own`` and :func:`reverse_prefix` gives ``dS_end``, the gradient of its end state from
+     to its start state (each group's, chained back: ``prefix.suffix``);
+  6. gathers every shard's ``dS_own`` and ``prefix.reverse_prefix`` gives ``dS_end``, the gradient of its end state from
      every later shard and the final state;
   7. the plain backward from each group's end-state gradient (the reverse prefix over the groups from ``dS_end``):
      every input's gradient, exact (the shard's end state is ``M S_in + S_local`` and later shards see it only
@@ -31,13 +31,13 @@ runs the shard's ``N`` chunks as ``G`` groups of ``N / G`` side by side (rows of
 are chunk-local), chained inside the shard by the same affine form as across the shards.
 
 Against the plain call on the shard this adds the pair (the delta rule: one forward state pass of width ``V + K``
-that writes nothing but its final state), one reverse state pass that writes nothing but its start gradient, the
-groups' folds and prefixes (``log2 G`` and ``G - 1`` small products per head each way) and the shards' (``n``,
-the same on every shard); with groups the plain passes take ``N / G`` steps, where the plain call takes ``N``. The
-collectives move ``K (K + V)`` floats per head forward (GLA: ``K V + 1``) and ``K V`` back.
-``hybrid_jax.parallel.recurrence`` calls it for the Pallas kernels; its XLA form (the delta rule: one widened call
-and a completion product; GLA: the pair, then the kernel from ``S_in``, under ``jax.grad``) is the reference it is
-tested against, with the token-by-token recurrence.
+that writes nothing but its final state), one reverse state pass that writes nothing but its start gradient, and
+the chains over the groups and over the shards (``kernels/recurrent/prefix.py``: ``log2 G`` and ``log2 n`` levels
+of small products per head each way, the shards' the same on every shard); with groups the plain passes take ``N /
+G`` steps, where the plain call takes ``N``. The collectives move ``K (K + V)`` floats per head forward (GLA: ``K V
++ 1``) and ``K V`` back. ``hybrid_jax.parallel.recurrence`` calls it for the Pallas kernels; its XLA form (the
+delta rule: one widened call and a completion product; GLA: the pair, then the kernel from ``S_in``, under
+``jax.grad``) is the reference it is tested against, with the token-by-token recurrence.
 
 A document that starts inside a shard cuts the prefix: the kernels' segment ids reset the ``[0 | I]`` columns to 0
 there (``M`` = 0; GLA: ``S_local`` sums the shard's last document only and ``M`` is 0), and a shard whose first
@@ -52,6 +52,7 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.kernels.recurrent import prefix
 from hybrid_jax.kernels.recurrent.backward import state_bwd
 from hybrid_jax.kernels.recurrent.block_math import F32
 from hybrid_jax.kernels.recurrent.forward import state_fwd
@@ -73,16 +74,7 @@ class Exchange(Protocol):
         """The sum of ``x`` over the shards."""
 
 
-def _carry(m: jax.Array, state: jax.Array, transpose: bool = False) -> jax.Array:
-    """``M state`` (``M^T state`` with ``transpose``) for ``state [..., K, X]``: ``M [..., K, K]`` or a scalar per
-    head ``[...]`` (the same leading dims), in float32."""
-    if m.ndim == state.ndim - 2:
-        return m[..., None, None] * state
-    return jnp.einsum("...ji,...jv->...iv" if transpose else "...ij,...jv->...iv", m, state,
-                      precision=jax.lax.Precision.HIGHEST)
-
-
-MAX_GROUPS = 8  # the prefix over a shard's groups is sequential: G - 1 small products each way
+MAX_GROUPS = 8  # at 8 a shard's passes are already a few dozen chunk steps; each doubling adds a level to the chains
 
 
 def group_count(n_chunks: int, programs: int) -> int:
@@ -105,71 +97,6 @@ def _split(x: jax.Array | None, groups: int) -> jax.Array | None:
     if x is None or groups == 1:
         return x
     return x.reshape(x.shape[0] * groups, x.shape[1] // groups, *x.shape[2:])
-
-
-def _fold(transitions: jax.Array, locals_: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The pair of ``G`` consecutive groups from theirs, in ``log2 G`` levels: ``transitions [B, G, HV, K, K]`` (or
-    ``[B, G, HV]``) and ``locals_ [B, G, HV, K, V]`` -> ``(M, S_local)`` of the whole, ``[B, HV, ...]``. Two
-    neighbours ``a`` then ``b`` make ``(M_b M_a, M_b S_a + S_b)``."""
-    while transitions.shape[1] > 1:
-        ma, mb = transitions[:, 0::2], transitions[:, 1::2]
-        locals_ = _carry(mb, locals_[:, 0::2]) + locals_[:, 1::2]
-        transitions = mb * ma if ma.ndim == 3 else _carry(mb, ma)
-    return transitions[:, 0], locals_[:, 0]
-
-
-def _fold_back(transitions: jax.Array, own: jax.Array) -> jax.Array:
-    """The transpose of :func:`_fold`: each group's gradient of its start state from its own outputs, ``own [B, G, HV,
-    K, V]``, -> the first group's from all of them, ``e_0 + M_0^T (e_1 + M_1^T (e_2 + ...))``, in ``log2 G``
-    levels: two neighbours ``a`` then ``b`` make ``(M_b M_a, e_a + M_a^T e_b)``."""
-    while transitions.shape[1] > 1:
-        ma, mb = transitions[:, 0::2], transitions[:, 1::2]
-        own = own[:, 0::2] + _carry(ma, own[:, 1::2], transpose=True)
-        transitions = mb * ma if ma.ndim == 3 else _carry(mb, ma)
-    return own[:, 0]
-
-
-def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array | None,
-                 initial_state: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-    """The exclusive prefix of ``S -> M_i S + S_local(i)`` over ``n`` pairs in order (the gathered shards', the same
-    on every shard; or a shard's groups').
-
-    Args:
-      transitions: ``M`` of each, ``[n, B, HV, K, K]`` (``S_out = M @ S_in``) or ``[n, B, HV]`` (a scalar per head),
-        float32.
-      locals_: ``S_local [n, B, HV, K, V]`` float32, each one's final state from a zero start.
-      keeps: ``[n, B]`` bool, part ``i``'s first token continues part ``i - 1``'s document (else it starts at 0);
-        None: always.
-      initial_state: ``[B, HV, K, V]``, part 0's start state (``None``: zeros).
-    Returns ``(every part's start state [n, B, HV, K, V], the last one's final state [B, HV, K, V])``, float32.
-    """
-    state = jnp.zeros_like(locals_[0]) if initial_state is None else initial_state.astype(F32)
-    starts = []
-    for i in range(transitions.shape[0]):
-        if i and keeps is not None:
-            state = jnp.where(keeps[i][:, None, None, None], state, 0.0)
-        starts.append(state)
-        state = _carry(transitions[i], state) + locals_[i]
-    return jnp.stack(starts), state
-
-
-def reverse_prefix(transitions: jax.Array, own: jax.Array, keeps: jax.Array | None, d_final: jax.Array
-                   ) -> jax.Array:
-    """The gradient of each part's end state, the transpose of :func:`shard_prefix`'s chain: the last part's is
-    ``d_final``; part ``i - 1``'s is ``keep(i) (dS_own(i) + M_i^T dS_end(i))``.
-
-    Args: ``transitions [n, B, HV, K, K]`` (or ``[n, B, HV]``) and ``keeps [n, B]`` (or None) as
-    :func:`shard_prefix`'s; ``own [n, B, HV, K, V]`` float32, each part's ``dS_own`` (its outputs' gradient of its
-    start state); ``d_final [B, HV, K, V]``: the gradient of the last part's final state. Returns ``[n, B, HV, K, V]``
-    float32."""
-    d_end = d_final.astype(F32)
-    ends = [d_end]
-    for i in range(transitions.shape[0] - 1, 0, -1):
-        d_end = own[i] + _carry(transitions[i], d_end, transpose=True)
-        if keeps is not None:
-            d_end = jnp.where(keeps[i][:, None, None, None], d_end, 0.0)
-        ends.append(d_end)
-    return jnp.stack(ends[::-1])
 
 
 def gla_pair(k: jax.Array, v: jax.Array, log_decay: jax.Array, last_doc: jax.Array | None
@@ -249,7 +176,7 @@ def _groups(static: Static, v: jax.Array, K: int, delta: bool) -> int:
 
 
 def _by_group(x: jax.Array) -> jax.Array:
-    """``[B, G, ...] -> [G, B, ...]``: groups first, as :func:`shard_prefix` takes parts."""
+    """``[B, G, ...] -> [G, B, ...]``: groups first, as ``kernels/recurrent/prefix.py`` takes parts."""
     return jnp.moveaxis(x, 1, 0)
 
 
@@ -270,10 +197,12 @@ def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, 
     split = functools.partial(_split, groups=groups)
     s = wy_stage(static, q, k, v, gamma, beta, rel)
     steps, parts = _group_pairs(static, s, gamma, rel, seg, k, groups)
-    transitions, locals_, keeps = (exchange.gather(x) for x in (*_fold(steps, parts), keep))
+    chain_m, chain_s = prefix.scan(_by_group(steps), _by_group(parts))  # groups 0..g, for each g
+    transitions, locals_, keeps = (exchange.gather(x) for x in (chain_m[-1], chain_s[-1], keep))
     index = exchange.index()
-    starts, final = shard_prefix(transitions, locals_, keeps, h0)
-    group_starts, _ = shard_prefix(_by_group(steps), _by_group(parts), None, starts[index])
+    starts, final = prefix.shard_prefix(transitions, locals_, keeps, h0)
+    start = starts[index]
+    group_starts = jnp.concatenate([start[None], prefix.apply(chain_m[:-1], start) + chain_s[:-1]])
     o, _, res = from_start(static, *map(split, (q, k, v, gamma, beta)), _rows(group_starts), split(rel),
                            WY(*map(split, s)))
     return _joined(o, B), final, (res, transitions, keeps, index, steps)
@@ -299,10 +228,13 @@ def _sharded_bwd(static: Static, exchange: Exchange, with_final: bool, saved, ct
     do = _split(do.astype(res.q.dtype), groups)
     zero = jnp.zeros((B * groups, *d_final.shape[1:]), F32)
     (own,) = state_bwd(static, res, do, zero, start_only=True)
-    own = own.reshape(B, groups, *own.shape[1:])
+    own = _by_group(own.reshape(B, groups, *own.shape[1:]))  # [G, B, HV, K, V]: each group's own
+    steps = _by_group(steps)
+    to_end, from_own = prefix.suffix(steps, own, None)  # group g's end gradient: to_end[g] d_end + from_own[g]
+    own = own[0] + prefix.carry(steps[0], from_own[0], transpose=True)  # the shard's start, from all its outputs
     d_final = exchange.total(d_final.astype(F32)) if with_final else zero[:B]
-    d_end = reverse_prefix(transitions, exchange.gather(_fold_back(steps, own)), keeps, d_final)[index]
-    d_ends = reverse_prefix(_by_group(steps), _by_group(own), None, d_end)
+    d_end = prefix.reverse_prefix(transitions, exchange.gather(own), keeps, d_final)[index]
+    d_ends = prefix.ends(to_end, from_own, d_end)
     dq, dk, dv, dgamma, dbeta, d_start, _ = backward(static, res, do, _rows(d_ends))
     d_start = d_start.reshape(B, groups, *d_start.shape[1:])[:, 0]
     grads = (_joined(x, B) for x in (dq, dk, dv, dgamma, dbeta))
