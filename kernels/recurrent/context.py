@@ -130,28 +130,28 @@ def _log_decay(gamma: jax.Array, C: int) -> jax.Array:
 
 
 def _gla_steps(gamma: jax.Array, rel: jax.Array | None, C: int, groups: int) -> jax.Array:
-    """GLA's transition over each of ``groups`` groups of consecutive chunks, ``[B, G, HV]``: ``exp`` of the group's
+    """GLA's transition over each of ``groups`` groups of consecutive chunks, ``[G, B, HV]``: ``exp`` of the group's
     summed log decay (``gamma [B,T,HV]``: the kernels' gate, summed within each chunk), 0 where a document starts in
     it (a chunk of ``rel`` whose last row is not in the document it carries in)."""
     B, T, HV = gamma.shape
     ends = gamma.reshape(B, T // C, C, HV)[:, :, -1]  # each chunk's total
     if rel is not None:
         ends = jnp.where(rel.reshape(B, T // C, C)[:, :, -1:] == 0, ends, -jnp.inf)
-    return jnp.exp(jnp.sum(ends.reshape(B, groups, -1, HV), axis=2))
+    return jnp.exp(jnp.sum(ends.reshape(B, groups, -1, HV), axis=2)).swapaxes(0, 1)
 
 
 def _group_pairs(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None, seg: jax.Array | None,
                  k: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
-    """Step 2, per group of chunks: ``(M [B,G,HV,K,K], S_local [B,G,HV,K,V])`` float32. The delta rule: the state pass
+    """Step 2, per group of chunks: ``(M [G,B,HV,K,K], S_local [G,B,HV,K,V])`` float32. The delta rule: the state pass
     on ``[u | 0]`` from ``[0 | I]`` (the value width rounded up to the state launch's V tile with zero columns) over
-    the groups side by side. GLA (no ``w``; ``M [B,G,HV]``): :func:`_gla_steps` and :func:`gla_pair` over each
+    the groups side by side. GLA (no ``w``; ``M [G,B,HV]``): :func:`_gla_steps` and :func:`gla_pair` over each
     group's last document (``seg [B,T]``: the shard's segment ids, padding continuing the last; None: one)."""
     split = functools.partial(_split, groups=groups)
     B = k.shape[0]
     if s.w is None:
         last_doc = None if seg is None else split(seg) == split(seg)[:, -1:]
         _, local = gla_pair(split(k), split(s.u), _log_decay(split(gamma), static.chunk), last_doc)
-        return _gla_steps(gamma, rel, static.chunk, groups), local.reshape(B, groups, *local.shape[1:])
+        return _gla_steps(gamma, rel, static.chunk, groups), _by_group(local, groups)
     _, T, HV, V = s.u.shape
     K = s.k_seq.shape[-1]
     tile = min(static.cfg.block_v, V + K)
@@ -160,7 +160,7 @@ def _group_pairs(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None,
     eye = jnp.broadcast_to(jnp.eye(K, extra, dtype=F32), (B * groups, HV, K, extra))
     start = jnp.concatenate([jnp.zeros((B * groups, HV, K, V), F32), eye], axis=-1)
     (end,) = state_fwd(static, *map(split, (s.k_seq, gamma, s.w, wide_u)), start, rel=split(rel), final_only=True)
-    end = end.reshape(B, groups, HV, K, V + extra)
+    end = _by_group(end, groups)
     return end[..., V:V + K], end[..., :V]
 
 
@@ -175,13 +175,14 @@ def _groups(static: Static, v: jax.Array, K: int, delta: bool) -> int:
     return group_count(T // static.chunk, B * HV * tiles)
 
 
-def _by_group(x: jax.Array) -> jax.Array:
-    """``[B, G, ...] -> [G, B, ...]``: groups first, as ``kernels/recurrent/prefix.py`` takes parts."""
-    return jnp.moveaxis(x, 1, 0)
+def _by_group(rows: jax.Array, groups: int) -> jax.Array:
+    """The rows of :func:`_split` ``[B G, ...] -> [G, B, ...]``: groups first, as ``kernels/recurrent/prefix.py``
+    takes parts."""
+    return rows.reshape(-1, groups, *rows.shape[1:]).swapaxes(0, 1)
 
 
 def _rows(x: jax.Array) -> jax.Array:
-    """``[G, B, ...]`` per group -> ``[B G, ...]``, the rows of :func:`_split`."""
+    """The inverse of :func:`_by_group`: ``[G, B, ...] -> [B G, ...]``."""
     return jnp.moveaxis(x, 0, 1).reshape(-1, *x.shape[2:])
 
 
@@ -196,16 +197,15 @@ def _forward(static: Static, exchange: Exchange, q, k, v, gamma, beta, h0, rel, 
     B, groups = q.shape[0], _groups(static, v, q.shape[-1], beta is not None)
     split = functools.partial(_split, groups=groups)
     s = wy_stage(static, q, k, v, gamma, beta, rel)
-    steps, parts = _group_pairs(static, s, gamma, rel, seg, k, groups)
-    chain_m, chain_s = prefix.scan(_by_group(steps), _by_group(parts))  # groups 0..g, for each g
-    transitions, locals_, keeps = (exchange.gather(x) for x in (chain_m[-1], chain_s[-1], keep))
+    steps = _group_pairs(static, s, gamma, rel, seg, k, groups)
+    chains = prefix.scan(*steps)  # groups 0..g, for each g
+    transitions, locals_, keeps = (exchange.gather(x) for x in (chains[0][-1], chains[1][-1], keep))
     index = exchange.index()
     starts, final = prefix.shard_prefix(transitions, locals_, keeps, h0)
-    start = starts[index]
-    group_starts = jnp.concatenate([start[None], prefix.apply(chain_m[:-1], start) + chain_s[:-1]])
+    group_starts, _ = prefix.starts(chains, starts[index])
     o, _, res = from_start(static, *map(split, (q, k, v, gamma, beta)), _rows(group_starts), split(rel),
                            WY(*map(split, s)))
-    return _joined(o, B), final, (res, transitions, keeps, index, steps)
+    return _joined(o, B), final, (res, transitions, keeps, index, steps[0])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -220,16 +220,15 @@ def _sharded_fwd(static: Static, exchange: Exchange, with_final: bool, q, k, v, 
 
 
 def _sharded_bwd(static: Static, exchange: Exchange, with_final: bool, saved, cts):
-    """Steps 5-7 over the forward's groups: each group's own start gradient, folded to the shard's for the exchange;
+    """Steps 5-7 over the forward's groups: each group's own start gradient, chained to the shard's for the exchange;
     the plain backward from each group's end-state gradient (the reverse prefix over the groups from the shard's)."""
-    res, transitions, keeps, index, steps = saved
+    res, transitions, keeps, index, steps = saved  # steps: each group's M, [G, B, HV, K, K] (or [G, B, HV])
     do, d_final = cts
-    B, groups = steps.shape[:2]
+    groups, B = steps.shape[:2]
     do = _split(do.astype(res.q.dtype), groups)
     zero = jnp.zeros((B * groups, *d_final.shape[1:]), F32)
     (own,) = state_bwd(static, res, do, zero, start_only=True)
-    own = _by_group(own.reshape(B, groups, *own.shape[1:]))  # [G, B, HV, K, V]: each group's own
-    steps = _by_group(steps)
+    own = _by_group(own, groups)  # [G, B, HV, K, V]: each group's own
     to_end, from_own = prefix.suffix(steps, own, None)  # group g's end gradient: to_end[g] d_end + from_own[g]
     own = own[0] + prefix.carry(steps[0], from_own[0], transpose=True)  # the shard's start, from all its outputs
     d_final = exchange.total(d_final.astype(F32)) if with_final else zero[:B]

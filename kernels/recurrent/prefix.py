@@ -57,19 +57,27 @@ def _where_kept(x: jax.Array, keeps: jax.Array | None) -> jax.Array:
     return jnp.where(kept.reshape(kept.shape + (1,) * (x.ndim - 2)), x, 0.0)
 
 
+def starts(chains: tuple[jax.Array, jax.Array], start: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """``(every part's start state [n, ...], the last part's end state)`` from :func:`scan`'s ``chains`` and part 0's
+    ``start`` (None: zeros)."""
+    chain_m, chain_s = chains
+    if start is None:
+        start, ends_ = jnp.zeros_like(chain_s[0]), chain_s
+    else:
+        start = start.astype(F32)
+        ends_ = apply(chain_m, start) + chain_s
+    return jnp.concatenate([start[None], ends_[:-1]]), ends_[-1]
+
+
 def shard_prefix(transitions: jax.Array, locals_: jax.Array, keeps: jax.Array | None,
                  initial_state: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """The exclusive prefix of ``S -> M_i S + S_local(i)`` over ``n`` parts in order, from ``initial_state``
     (``[B, HV, K, V]``, part 0's start; None: zeros): ``transitions [n, B, HV, K, K]`` (or ``[n, B, HV]``),
     ``locals_ [n, B, HV, K, V]``, ``keeps [n, B]`` or None. Returns ``(every part's start state [n, B, HV, K, V], the
     last one's final state [B, HV, K, V])``, float32."""
-    transitions, locals_ = scan(_where_kept(transitions.astype(F32), keeps), locals_.astype(F32))
-    if initial_state is None:
-        start, ends = jnp.zeros_like(locals_[0]), locals_
-    else:
-        start = initial_state.astype(F32)
-        ends = apply(transitions, start) + locals_
-    return _where_kept(jnp.concatenate([start[None], ends[:-1]]), keeps), ends[-1]
+    chains = scan(_where_kept(transitions.astype(F32), keeps), locals_.astype(F32))
+    start_states, final = starts(chains, initial_state)
+    return _where_kept(start_states, keeps), final
 
 
 def suffix(transitions: jax.Array, own: jax.Array, keeps: jax.Array | None) -> tuple[jax.Array, jax.Array]:
