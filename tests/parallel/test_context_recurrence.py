@@ -3,8 +3,9 @@
 an initial state, the final state, grouped value heads and packed documents whose boundaries fall on, just before
 and just after shard edges (and none); outputs, final states and the gradients of every input, the initial state
 included; in XLA and with the Pallas kernels (interpreted: the two-pass op, ``kernels/recurrent/context.py``, on
-shards of 8 tokens, ragged against its chunk of 16, and on 2 shards of 64 tokens, whose extra passes run their 4
-chunks as 4 groups side by side, documents starting on and around the groups' edges)."""
+shards of 8 tokens, ragged against its chunk of 16, and on 2 shards of 64 tokens, whose state passes run their 4
+chunks as 4 groups side by side, documents starting on and around the groups' edges; with the fallback tables and
+with sm90's)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 from hybrid_jax import kernels
+from hybrid_jax.kernels import tuning
 from hybrid_jax.kernels.recurrent import context
 from hybrid_jax.kernels.reference import naive_recurrence
 from hybrid_jax.parallel import recurrence
@@ -75,10 +77,14 @@ def context_parallel(name: str, x: dict, seg, impl: str = "xla", shards: int = N
                          out_specs=(time, whole), check_vma=False)(x, seg)
 
 
-@pytest.mark.parametrize("documents,impl,long", [(True, "xla", False), (False, "xla", False),
-                                                  (True, "pallas_interpret", False), (True, "pallas_interpret", True),
-                                                  (False, "pallas_interpret", True)])
-def test_context_parallel_recurrences_equal_the_token_scan(documents, impl, long):
+@pytest.mark.parametrize("documents,impl,long,arch", [
+    (True, "xla", False, None), (False, "xla", False, None), (True, "pallas_interpret", False, None),
+    (True, "pallas_interpret", True, None),
+    (False, "pallas_interpret", True, "sm90"),  # its tables: KDA's output in the state pass, GDN's own V tiles
+])
+def test_context_parallel_recurrences_equal_the_token_scan(documents, impl, long, arch, monkeypatch):
+    if arch is not None:
+        monkeypatch.setattr(tuning, "current_arch", lambda: arch)
     length, shards, starts = LONG if long else (T, N, STARTS)
     if long:  # the extra passes run in groups (a small batch x heads, chunks to spare)
         assert context.group_count(length // shards // 16, B * HV) == 4
