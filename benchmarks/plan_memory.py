@@ -1,6 +1,7 @@
 """Per-device memory of a config's train step at a mesh, planned before any weight exists.
 
-    python -m benchmarks plan_memory --config configs/zebra_8b.py --fsdp 4 [--data 1] [--context N] [--cpu] \
+    python -m benchmarks plan_memory --config configs/zebra_8b.py --fsdp 4 [--data 1] [--context N] \
+        [--cpu | --mock-gpus | --gpu h200] \
         [--no-compile] \
         [--config.train.micro_batch_size=1 --config.model.remat=full ...] [--name NAME] [--out DIR]
 
@@ -25,8 +26,11 @@ interpreted form instead); the plan for a GPU run is this command on the GPUs th
 the mesh's GPUs without running a step). ``--mock-gpus`` plans a mesh of more GPUs than the machine has: JAX's mock GPU
 topology (``jax_mock_gpu_topology = "<n> x 1 x 1"``: ``n`` hosts of one GPU each, this process the first, the others'
 collectives mocked) makes the one GPU compile the step for all ``n``; the memory analysis is the compiler's for one
-device of the mesh, and nothing runs. Saves the record ``plan_memory_<model name>_d<data>_f<fsdp>`` (plus
-``_c<context>`` with a context axis; or ``--name``).
+device of the mesh, and nothing runs. ``--gpu SPEC`` plans for GPUs without any: XLA's GPU compiler compiles the
+step for ``n`` compile-only devices that a target description gives (``benchmarks/gpu_specs/SPEC.txtpb``, e.g.
+``h200``, or a file; JAX's CUDA plugin must be installed: ``scripts/setup.sh dev,cuda``), with the kernels' tables
+and choices of that device (``tuning.target_device``). Saves the record
+``plan_memory_<model name>_d<data>_f<fsdp>`` (plus ``_c<context>`` with a context axis; or ``--name``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -51,6 +56,7 @@ from hybrid_jax.model import count_params
 from hybrid_jax.train.trainer import build_trainer
 
 GIB = 2**30
+SPECS = Path(__file__).with_name("gpu_specs")  # XLA GPU target descriptions for --gpu
 
 
 def shard_bytes(tree: Any) -> int:
@@ -112,6 +118,18 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
     return out
 
 
+def compile_only_gpus(spec: str, n: int, ap: argparse.ArgumentParser) -> list:
+    """``n`` compile-only CUDA devices of the target description ``spec`` (a GpuTargetConfigProto in text form), one
+    host: the step compiles for them, nothing runs."""
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(platform="cuda", target_config=spec, topology=f"1x1x{n}").devices
+    except (NotImplementedError, RuntimeError) as e:
+        ap.error(f"--gpu needs JAX's CUDA plugin to compile for GPUs (scripts/setup.sh dev,cuda, or pip install "
+                 f"'jax[cuda13]'): {str(e).splitlines()[0]}")
+
+
 def collective_counts(hlo: str) -> dict[str, dict[str, int]]:
     """``{"in_loops": {op: n}, "elsewhere": {op: n}}``: the collectives (``op_families.COLLECTIVES``) of a compiled
     module's text, those in a computation a while loop's body reaches (``HloIndex.in_loops``: run once per
@@ -151,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu", action="store_true", help="compile for the mesh's host CPU devices (indicative)")
     ap.add_argument("--mock-gpus", action="store_true", help="compile the whole mesh on this machine's first GPU "
                     "through JAX's mock GPU topology (one mocked host per device; compile-only)")
+    ap.add_argument("--gpu", metavar="SPEC", default=None, help="compile for GPUs this machine does not have: a "
+                    "target description, benchmarks/gpu_specs/SPEC.txtpb (h200) or a file (needs JAX's CUDA plugin)")
     ap.add_argument("--no-compile", action="store_true", help="only the state's bytes per device (seconds)")
     ap.add_argument("--name", default="", help="the record's name (default plan_memory_<model>_d<D>_f<F>)")
     ap.add_argument("--out", default=None, help="the record's folder (default $OUT)")
@@ -159,14 +179,24 @@ def main(argv: list[str] | None = None) -> None:
     context = config.mesh.get("context", 1) if args.context is None else args.context
     config.mesh.data, config.mesh.fsdp, config.mesh.context = args.data, args.fsdp, context
     n = args.data * args.fsdp * context
-    if args.cpu and args.mock_gpus:
-        ap.error("--cpu and --mock-gpus exclude each other")
+    if sum(map(bool, (args.cpu, args.mock_gpus, args.gpu))) > 1:
+        ap.error("--cpu, --mock-gpus and --gpu exclude each other")
+    spec = None
+    if args.gpu:
+        path = Path(args.gpu) if args.gpu.endswith(".txtpb") else SPECS / f"{args.gpu}.txtpb"
+        if not path.is_file():
+            known = ", ".join(sorted(p.stem for p in SPECS.glob("*.txtpb")))
+            ap.error(f"--gpu {args.gpu}: no such target description (have {known} in {SPECS}, or give a .txtpb "
+                     "file)")
+        spec = path.read_text()
     if args.cpu:  # read when the backend starts, which is below
         os.environ["XLA_FLAGS"] = " ".join(
             [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
             + [f"--xla_force_host_platform_device_count={n}"])
-    if args.cpu:
+    if args.cpu or spec:
         jax.config.update("jax_platforms", "cpu")
+    if spec:  # the CUDA plugin then registers its compiler without looking for a GPU
+        os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
     elif args.mock_gpus:  # read when the GPU backend starts, which is below
         jax.config.update("jax_cuda_visible_devices", "0")
         jax.config.update("jax_mock_gpu_topology", f"{n}x1x1")
@@ -174,15 +204,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.mock_gpus and jax.devices()[0].platform != "gpu":
         ap.error(f"--mock-gpus compiles for GPUs and this machine has none ({jax.devices()[0].platform}); use --cpu "
                  "for a plan compiled for host CPU devices")
-    if len(jax.devices()) < n:
+    devices = compile_only_gpus(spec, n, ap) if spec else jax.devices()[:n]
+    if len(devices) < n:
         ap.error(f"data {args.data} x fsdp {args.fsdp} x context {context} needs {n} devices, this process sees "
-                 f"{len(jax.devices())} (--cpu: host CPU devices)")
+                 f"{len(jax.devices())} (--cpu: host CPU devices; --gpu: GPUs it does not have)")
     config.train.global_batch_size = config.train.micro_batch_size * args.accum * args.data * args.fsdp
-    result = plan(config, jax.devices()[:n], compile_step=not args.no_compile)
+    result = plan(config, devices, compile_step=not args.no_compile)
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
     name = f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}" + (f"_c{context}" if context > 1 else "")
-    record.save(args.name or name + ("_mock" if args.mock_gpus else ""), result, out=args.out)
+    suffix = "_mock" if args.mock_gpus else f"_{Path(args.gpu).stem}" if args.gpu else ""
+    record.save(args.name or name + suffix, result, out=args.out)
 
 
 if __name__ == "__main__":

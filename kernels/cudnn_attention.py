@@ -6,6 +6,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.kernels import tuning
+
 
 def cudnn_head_dim(q: jax.Array, v: jax.Array) -> int | None:
     """The head dim cuDNN would run (``max(Dqk, Dv)`` rounded up to 8), or ``None`` if it cannot run these inputs.
@@ -43,7 +45,7 @@ def auto_impl(q: jax.Array, v: jax.Array, segment_ids: jax.Array | None = None, 
     (benchmarks/RESULTS.md, Attention), so it is preferred wherever it applies. With ``segment_ids`` (packed
     documents) this kernel, which skips the blocks outside each document; cuDNN would take them as a dense mask. With
     ``offset`` (queries at an offset in a longer key sequence: context parallelism) this kernel too."""
-    dev = jax.devices()[0]
+    dev = tuning.target_device()
     if dev.platform == "cpu":
         return "xla"
     if segment_ids is None and not offset and "nvidia" in dev.device_kind.lower() and cudnn_head_dim(q, v) is not None:

@@ -23,8 +23,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
 from hybrid_jax.kernels import reference, tuning
 from hybrid_jax.kernels.flash_attention import flash_attention
 from hybrid_jax.kernels.recurrent import chunk_recurrence
@@ -134,7 +132,7 @@ def resolve_impl(impl: str, function: str, has_pallas: bool = True) -> str:
     if impl not in IMPLS:
         raise ValueError(f"{function}: impl must be one of {' | '.join(IMPLS)}, got {impl!r}")
     if impl == "auto":
-        return "pallas" if has_pallas and jax.default_backend() == "gpu" else "xla"
+        return "pallas" if has_pallas and tuning.target_device().platform == "gpu" else "xla"
     return impl
 
 

@@ -9,6 +9,7 @@ these tables (``kernels/tooling/sweep.py``).
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 
@@ -235,9 +236,29 @@ def arch_of(device_kind: str, platform: str) -> str:
     return "fallback"
 
 
-def current_arch() -> str:
-    """The table key of the default device (``fallback`` on CPU)."""
+class TargetDevice(NamedTuple):
+    """The kind of device a computation is built for."""
+
+    device_kind: str
+    platform: str  # "gpu" or "cpu" (JAX's name for CUDA and ROCm devices alike)
+    cores: int | None  # SMs or CUs (None where the device does not say)
+
+
+def target_device() -> TargetDevice:
+    """The devices the computation being traced is for: the current mesh's (``jax.set_mesh``; also a mesh of
+    compile-only GPUs that this machine does not have: ``benchmarks/plan_memory.py --gpu``), else the default
+    device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    dev = None if mesh.empty else mesh.abstract_device
+    if dev is not None:
+        return TargetDevice(dev.device_kind, dev.platform, dev.num_cores)
     dev = jax.devices()[0]
+    return TargetDevice(dev.device_kind, dev.platform, getattr(dev, "core_count", None))
+
+
+def current_arch() -> str:
+    """The table key of :func:`target_device` (``fallback`` on CPU)."""
+    dev = target_device()
     return arch_of(dev.device_kind, dev.platform)
 
 

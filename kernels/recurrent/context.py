@@ -52,6 +52,7 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.kernels import tuning
 from hybrid_jax.kernels.recurrent import prefix
 from hybrid_jax.kernels.recurrent.backward import state_bwd
 from hybrid_jax.kernels.recurrent.block_math import F32
@@ -82,9 +83,9 @@ def group_count(n_chunks: int, programs: int) -> int:
     :func:`_split`), a power of two dividing ``n_chunks``, at most :data:`MAX_GROUPS`: a state pass runs its chunks
     one after the other in ``programs`` programs, so with few of them (a context shard's batch of 1) its time is
     ``n_chunks`` chunk steps with most of the GPU idle; ``G`` groups take ``n_chunks / G`` steps in ``G x programs``
-    programs. Grows while the programs stay within four per core (``Device.core_count``: SMs or CUs; 132 where the
-    device does not say)."""
-    cores = getattr(jax.devices()[0], "core_count", None) or 132
+    programs. Grows while the programs stay within four per core (``tuning.target_device``'s SMs or CUs; 132 where
+    the device does not say)."""
+    cores = tuning.target_device().cores or 132
     groups = 1
     while 2 * groups <= MAX_GROUPS and n_chunks % (2 * groups) == 0 and 2 * groups * programs <= 4 * cores:
         groups *= 2

@@ -50,7 +50,7 @@ def test_mock_gpus_and_cpu_exclude_each_other(capsys):
 
     with pytest.raises(SystemExit):
         plan_memory.main(["--config", str(REPO / "configs" / "demo.py"), "--context", "4", "--cpu", "--mock-gpus"])
-    assert "--cpu and --mock-gpus exclude each other" in capsys.readouterr().err
+    assert "--cpu, --mock-gpus and --gpu exclude each other" in capsys.readouterr().err
     if jax.devices()[0].platform != "gpu":
         saved = {key: jax.config.values[key] for key in ("jax_cuda_visible_devices", "jax_mock_gpu_topology")}
         try:
@@ -60,3 +60,20 @@ def test_mock_gpus_and_cpu_exclude_each_other(capsys):
             for key, value in saved.items():
                 jax.config.update(key, value)
         assert "--mock-gpus compiles for GPUs and this machine has none (cpu)" in capsys.readouterr().err
+
+
+def test_gpu_target_descriptions(capsys):
+    """``--gpu SPEC``: an unknown description is refused with the known ones; without JAX's CUDA plugin (the CPU
+    suite's machines) the plan says how to install it, before compiling anything."""
+    import importlib.util
+
+    import pytest
+
+    demo = ["--config", str(REPO / "configs" / "demo.py"), "--context", "4"]
+    with pytest.raises(SystemExit):
+        plan_memory.main([*demo, "--gpu", "h100"])
+    assert "--gpu h100: no such target description (have h200 in" in capsys.readouterr().err
+    if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
+        with pytest.raises(SystemExit):
+            plan_memory.main([*demo, "--gpu", "h200"])
+        assert "--gpu needs JAX's CUDA plugin to compile for GPUs" in capsys.readouterr().err

@@ -24,6 +24,29 @@ def test_tuning_lookup(kind, platform, arch):
     assert cfg is tuning.RECURRENT_KDA[arch] and cfg.block_v & (cfg.block_v - 1) == 0 and cfg.chunk == 16
 
 
+def test_the_target_device_is_the_meshs():
+    """Under a mesh (``jax.set_mesh``, or a mesh of compile-only GPUs: ``plan_memory --gpu``) the tables, ``impl=auto``
+    and the context shard's groups follow the mesh's devices, not this machine's first device."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    from hybrid_jax.kernels import registry
+    from hybrid_jax.kernels.cudnn_attention import auto_impl
+    from hybrid_jax.kernels.recurrent.context import group_count
+
+    q = jax.ShapeDtypeStruct((1, 8, 2, 64), jnp.bfloat16)
+    assert (tuning.current_arch(), registry.resolve_impl("auto", "f"), auto_impl(q, q)) == ("fallback", "xla", "xla")
+    for kind, cores, arch, attention, groups in (("NVIDIA H200", 132, "sm90", "cudnn", 2),
+                                                 ("AMD Instinct MI300X", 304, "gfx942", "pallas", 4)):
+        device = AbstractDevice(device_kind=kind, num_cores=cores, platform="gpu")
+        with jax.sharding.use_abstract_mesh(AbstractMesh((8,), ("context",), abstract_device=device)):
+            assert tuning.target_device() == (kind, "gpu", cores)
+            assert (tuning.current_arch(), registry.resolve_impl("auto", "f"), auto_impl(q, q)) == (
+                arch, "pallas", attention)
+            assert group_count(512, 200) == groups  # within four programs per core
+
+
 def test_entries_at_head_dims_come_before_the_arch_entry(monkeypatch):
     """``RECURRENT_AT_DIMS`` holds whole entries for one op at padded (K, V); a user's tuning file still comes first,
     and other ops, dims and architectures keep the architecture's entry."""
