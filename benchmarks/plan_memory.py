@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
                  f"{len(jax.devices())} (--cpu: host CPU devices; --gpu: GPUs it does not have)")
     config.train.global_batch_size = config.train.micro_batch_size * args.accum * args.data * args.fsdp
     result = plan(config, devices, compile_step=not args.no_compile)
+    if spec:  # the record's gpu is this machine; the step was compiled for the description's
+        result["compiled_for"] = f"{path} (compile-only devices: no GPU ran)"
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
     name = f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}" + (f"_c{context}" if context > 1 else "")
