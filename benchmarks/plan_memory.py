@@ -118,6 +118,15 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
     return out
 
 
+def gpu_spec(name: str, ap: argparse.ArgumentParser) -> Path:
+    """The target description ``--gpu`` names: ``benchmarks/gpu_specs/NAME.txtpb``, or a ``.txtpb`` file."""
+    path = Path(name) if name.endswith(".txtpb") else SPECS / f"{name}.txtpb"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SPECS.glob("*.txtpb")))
+        ap.error(f"--gpu {name}: no such target description (have {known} in {SPECS}, or give a .txtpb file)")
+    return path
+
+
 def compile_only_gpus(spec: str, n: int, ap: argparse.ArgumentParser) -> list:
     """``n`` compile-only CUDA devices of the target description ``spec`` (a GpuTargetConfigProto in text form), one
     host: the step compiles for them, nothing runs."""
@@ -181,14 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     n = args.data * args.fsdp * context
     if sum(map(bool, (args.cpu, args.mock_gpus, args.gpu))) > 1:
         ap.error("--cpu, --mock-gpus and --gpu exclude each other")
-    spec = None
-    if args.gpu:
-        path = Path(args.gpu) if args.gpu.endswith(".txtpb") else SPECS / f"{args.gpu}.txtpb"
-        if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in SPECS.glob("*.txtpb")))
-            ap.error(f"--gpu {args.gpu}: no such target description (have {known} in {SPECS}, or give a .txtpb "
-                     "file)")
-        spec = path.read_text()
+    spec = gpu_spec(args.gpu, ap) if args.gpu else None
     if args.cpu:  # read when the backend starts, which is below
         os.environ["XLA_FLAGS"] = " ".join(
             [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
@@ -204,18 +206,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.mock_gpus and jax.devices()[0].platform != "gpu":
         ap.error(f"--mock-gpus compiles for GPUs and this machine has none ({jax.devices()[0].platform}); use --cpu "
                  "for a plan compiled for host CPU devices")
-    devices = compile_only_gpus(spec, n, ap) if spec else jax.devices()[:n]
+    devices = compile_only_gpus(spec.read_text(), n, ap) if spec else jax.devices()[:n]
     if len(devices) < n:
         ap.error(f"data {args.data} x fsdp {args.fsdp} x context {context} needs {n} devices, this process sees "
                  f"{len(jax.devices())} (--cpu: host CPU devices; --gpu: GPUs it does not have)")
     config.train.global_batch_size = config.train.micro_batch_size * args.accum * args.data * args.fsdp
     result = plan(config, devices, compile_step=not args.no_compile)
     if spec:  # the record's gpu is this machine; the step was compiled for the description's
-        result["compiled_for"] = f"{path} (compile-only devices: no GPU ran)"
+        result["compiled_for"] = f"{spec} (compile-only devices: no GPU ran)"
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
     name = f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}" + (f"_c{context}" if context > 1 else "")
-    suffix = "_mock" if args.mock_gpus else f"_{Path(args.gpu).stem}" if args.gpu else ""
+    suffix = "_mock" if args.mock_gpus else f"_{spec.stem}" if spec else ""
     record.save(args.name or name + suffix, result, out=args.out)
 
 
