@@ -213,7 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     config.train.global_batch_size = config.train.micro_batch_size * args.accum * args.data * args.fsdp
     result = plan(config, devices, compile_step=not args.no_compile)
     if spec:  # the record's gpu is this machine; the step was compiled for the description's
-        result["compiled_for"] = f"{spec} (compile-only devices: no GPU ran)"
+        repo = SPECS.resolve().parent.parent
+        where = spec.resolve().relative_to(repo) if spec.resolve().is_relative_to(repo) else spec.name
+        result["compiled_for"] = f"{where} (compile-only devices: no GPU ran)"
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
     name = f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}" + (f"_c{context}" if context > 1 else "")
