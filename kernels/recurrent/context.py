@@ -79,12 +79,9 @@ MAX_GROUPS = 8  # at 8 a shard's passes are already a few dozen chunk steps; eac
 
 
 def group_count(n_chunks: int, programs: int) -> int:
-    """How many groups of consecutive chunks a shard's state passes run side by side (as rows of the batch:
-    :func:`_split`), a power of two dividing ``n_chunks``, at most :data:`MAX_GROUPS`: a state pass runs its chunks
-    one after the other in ``programs`` programs, so with few of them (a context shard's batch of 1) its time is
-    ``n_chunks`` chunk steps with most of the GPU idle; ``G`` groups take ``n_chunks / G`` steps in ``G x programs``
-    programs. Grows while the programs stay within four per core (``tuning.target_device``'s SMs or CUs; 132 where
-    the device does not say)."""
+    """How many groups of consecutive chunks a shard's state passes, of ``programs`` programs each, run side by side
+    (module docstring, "Groups"): the largest power of two that divides ``n_chunks``, is at most :data:`MAX_GROUPS`
+    and keeps the programs within four per core of ``tuning.target_device`` (132 cores where it does not say)."""
     cores = tuning.target_device().cores or 132
     groups = 1
     while 2 * groups <= MAX_GROUPS and n_chunks % (2 * groups) == 0 and 2 * groups * programs <= 4 * cores:
@@ -232,7 +229,7 @@ def _sharded_bwd(static: Static, exchange: Exchange, with_final: bool, saved, ct
     own = _by_group(own, groups)  # [G, B, HV, K, V]: each group's own
     to_end, from_own = prefix.suffix(steps, own, None)  # group g's end gradient: to_end[g] d_end + from_own[g]
     own = own[0] + prefix.carry(steps[0], from_own[0], transpose=True)  # the shard's start, from all its outputs
-    d_final = exchange.total(d_final.astype(F32)) if with_final else zero[:B]
+    d_final = exchange.total(d_final.astype(F32)) if with_final else jnp.zeros(d_final.shape, F32)
     d_end = prefix.reverse_prefix(transitions, exchange.gather(own), keeps, d_final)[index]
     d_ends = prefix.ends(to_end, from_own, d_end)
     dq, dk, dv, dgamma, dbeta, d_start, _ = backward(static, res, do, _rows(d_ends))
