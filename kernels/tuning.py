@@ -371,6 +371,17 @@ class ElementwiseConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class GatedNormConfig:
+    """The gated RMSNorm's backward kernel (``kernels/gated_norm.py``): tiles of about ``block`` elements (whole
+    group rows), taken in turn by at most ``programs`` programs (each one partial sum of the weight's gradient). One
+    launch for every GPU."""
+
+    block: int = 2048
+    programs: int = 1024
+    launch: Launch = Launch(4, 1)
+
+
+@dataclasses.dataclass(frozen=True)
 class ShortConvConfig:
     """The short conv's two backward kernels (``kernels/short_conv.py``): ``rows x channels`` tiles (powers of two);
     the first kernel's programs take ``tiles`` row tiles in turn (fewer partial ``dw`` / ``dbias`` sums). One launch

@@ -22,7 +22,7 @@ from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
 from hybrid_jax.model.layers import (
-    RMSNorm,
+    GatedRMSNorm,
     ShortConv,
     a_log_init,
     decay_gate,
@@ -50,7 +50,8 @@ class GatedDeltaNet(RecurrentMixer):
                                 rngs=rngs, kernel_impl=cfg.kernel_impl)
         self.A_log = nnx.Param(a_log_init(rngs.params(), (self.hv,), param_dtype))
         self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.hv,), param_dtype))
-        self.out_norm = RMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.out_norm = GatedRMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
+                                     kernel_impl=cfg.kernel_impl)
         self.out_proj = dense(cfg, vd, cfg.hidden_size, rngs=rngs)
         self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size or None
         self.state_shape = (self.hv, self.dk, self.dv)
@@ -83,5 +84,5 @@ class GatedDeltaNet(RecurrentMixer):
         sow(self, "g", g)
         sow(self, "beta", beta)
         sow(self, "final_state", state)
-        y = self.out_norm(o, jax.nn.silu(z.astype(jnp.float32)).reshape(B, T, self.hv, self.dv))
+        y = self.out_norm(o, z.reshape(B, T, self.hv, self.dv))
         return self.out_proj(y.reshape(B, T, vd)), state, tail

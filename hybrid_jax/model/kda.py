@@ -24,7 +24,7 @@ from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
 from hybrid_jax.model.layers import (
-    RMSNorm,
+    GatedRMSNorm,
     ShortConv,
     a_log_init,
     decay_gate,
@@ -57,7 +57,8 @@ class KimiDeltaAttention(RecurrentMixer):
                               rngs=rngs)
         self.A_log = nnx.Param(a_log_init(rngs.params(), (self.hv,), param_dtype))
         self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.hv * self.dk,), param_dtype))
-        self.out_norm = RMSNorm(self.dv, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.out_norm = GatedRMSNorm(self.dv, activation="sigmoid", eps=cfg.norm_eps, dtype=dtype,
+                                     param_dtype=param_dtype, kernel_impl=cfg.kernel_impl)
         self.out_proj = dense(cfg, vd, cfg.hidden_size, rngs=rngs)
         self.kernel_impl, self.chunk_size = cfg.kernel_impl, cfg.chunk_size or None
         self.state_shape = (self.hv, self.dk, self.dv)
@@ -90,5 +91,5 @@ class KimiDeltaAttention(RecurrentMixer):
         sow(self, "g", g)
         sow(self, "beta", beta)
         sow(self, "final_state", state)
-        gate = jax.nn.sigmoid(self.g_b_proj(g_a).astype(jnp.float32)).reshape(B, T, self.hv, self.dv)
+        gate = self.g_b_proj(g_a).reshape(B, T, self.hv, self.dv)
         return self.out_proj(self.out_norm(o, gate).reshape(B, T, vd)), state, tail

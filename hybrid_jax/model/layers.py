@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hybrid_jax.kernels.gated_norm import gated_rms_norm
 from hybrid_jax.kernels.short_conv import short_conv_silu
 from hybrid_jax.kernels.swiglu import swiglu
 from hybrid_jax.parallel.shards import previous_tail
@@ -124,33 +125,33 @@ class RMSNorm(nnx.Module):
         self.eps = eps
         self.dtype = dtype
 
-    def __call__(self, x: jax.Array, gate: jax.Array | None = None) -> jax.Array:
-        """``rmsnorm(x) * weight`` (``* gate`` when given, multiplied in float32). ``x: [..., dim]``."""
-        y = rms_normalize(x, self.eps) * self.weight[...].astype(jnp.float32)
-        if gate is not None:
-            y = y * gate.astype(jnp.float32)
-        return y.astype(self.dtype)
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``rmsnorm(x) * weight``, ``x: [..., dim]``."""
+        return (rms_normalize(x, self.eps) * self.weight[...].astype(jnp.float32)).astype(self.dtype)
 
 
-class GroupRMSNorm(nnx.Module):
-    """Mamba2's gated RMSNorm, gate first: ``rmsnorm_group(y * silu(z)) * weight``, groups of ``dim // groups``.
+class GatedRMSNorm(nnx.Module):
+    """The mixers' gated RMSNorm with a weight ``[dim]`` (ones), over groups of ``dim // groups`` channels, gate
+    ``s = silu(z)`` or ``sigmoid(z)`` (``activation``)::
 
-    ``y, z: [..., dim]`` with ``weight: [dim]`` (ones). float32 inside; output in the compute dtype.
-    """
+        gate_first (Mamba2):  rmsnorm_group(y * s) * weight
+        otherwise (GDN, KDA): rmsnorm_group(y) * weight * s
 
-    def __init__(self, dim: int, groups: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype = jnp.float32):
+    ``y, z: [..., dim]``; float32 inside, output in the compute dtype. It is
+    :func:`hybrid_jax.kernels.gated_norm.gated_rms_norm` (its backward one Pallas kernel on a GPU, from the inputs:
+    no float32 copy of the activations kept for it; ``kernel_impl`` as ``model.kernel_impl``)."""
+
+    def __init__(self, dim: int, *, groups: int = 1, gate_first: bool = False, activation: str = "silu", eps: float,
+                 dtype: jnp.dtype, param_dtype: jnp.dtype = jnp.float32, kernel_impl: str = "auto"):
         if dim % groups:
-            raise ValueError(f"GroupRMSNorm: dim {dim} is not a multiple of groups {groups}")
+            raise ValueError(f"GatedRMSNorm: dim {dim} is not a multiple of groups {groups}")
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
-        self.groups = groups
-        self.eps = eps
-        self.dtype = dtype
+        self.groups, self.gate_first, self.activation = groups, gate_first, activation
+        self.eps, self.dtype, self.kernel_impl = eps, dtype, kernel_impl
 
     def __call__(self, y: jax.Array, z: jax.Array) -> jax.Array:
-        x = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
-        shape = x.shape
-        x = rms_normalize(x.reshape(*shape[:-1], self.groups, shape[-1] // self.groups), self.eps).reshape(shape)
-        return (x * self.weight[...].astype(jnp.float32)).astype(self.dtype)
+        return gated_rms_norm(y, z, self.weight[...], groups=self.groups, gate_first=self.gate_first, eps=self.eps,
+                              out_dtype=self.dtype, activation=self.activation, impl=self.kernel_impl)
 
 
 # --------------------------------------------------------------------------------------------- short conv

@@ -23,7 +23,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.layers import GroupRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
+from hybrid_jax.model.layers import GatedRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
 from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, sequence_form, zero_padding
 
 
@@ -49,7 +49,8 @@ class Mamba2(RecurrentMixer):
         self.A_log = nnx.Param(a_log_init(rngs.params(), (self.nheads,), param_dtype))
         self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), (self.nheads,), param_dtype))
         self.D = nnx.Param(jnp.ones((self.nheads,), param_dtype))
-        self.norm = GroupRMSNorm(self.d_in, self.groups, eps=c.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.norm = GatedRMSNorm(self.d_in, groups=self.groups, gate_first=True, eps=c.norm_eps, dtype=dtype,
+                                 param_dtype=param_dtype, kernel_impl=cfg.kernel_impl)
         self.out_proj = dense(cfg, self.d_in, cfg.hidden_size, rngs=rngs)
         self.kernel_impl, self.chunk_size, self.dtype = cfg.kernel_impl, cfg.chunk_size or None, dtype
         self.state_shape = (self.nheads, self.state, self.head_dim)  # SSD: k = B (state_dim), v = dt*x

@@ -8,7 +8,7 @@ from flax import nnx
 
 from hybrid_jax.model.gdn import GatedDeltaNet
 from hybrid_jax.model.kda import KimiDeltaAttention
-from hybrid_jax.model.layers import MLP, GroupRMSNorm, ShortConv
+from hybrid_jax.model.layers import MLP, GatedRMSNorm, ShortConv
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA, apply_rope, rope_frequencies
 from tests.conftest import jaxpr_equations, load_config, rel_err
@@ -252,7 +252,7 @@ def test_short_conv_gradient_is_two_kernels_without_shifted_copies():
 
 
 def test_group_rms_norm_normalises_each_group_after_the_gate():
-    norm = GroupRMSNorm(8, 2, eps=1e-5, dtype=jnp.float32)
+    norm = GatedRMSNorm(8, groups=2, gate_first=True, eps=1e-5, dtype=jnp.float32)
     y = jax.random.normal(jax.random.key(0), (3, 8)) * 5
     z = jax.random.normal(jax.random.key(1), (3, 8))
     out = np.asarray(norm(y, z)).reshape(3, 2, 4)
