@@ -76,14 +76,17 @@ def loss_and_grads(cfg, b: Batch, mesh: Mesh | None):
 
 @pytest.mark.parametrize("data,impl,long", [(1, "xla", False), (2, "xla", False), (2, "pallas_interpret", True)])
 def test_context_parallel_loss_and_grads_equal_one_device(data, impl, long):
+    """Against one device with the same kernels: the float32 tolerance measures the context split, not the Pallas
+    kernels' rounding against XLA's (each within 1e-7 of float64 per op, up to 1.5e-5 apart in ``dt_bias``'s
+    gradient after the whole model; at most 3e-6 apart here)."""
     cfg = tiny_config()
+    cfg.model.kernel_impl = impl
     b = batch(cfg.model.vocab_size, *LONG) if long else batch(cfg.model.vocab_size)
-    key = ("reference", long)
+    key = ("reference", impl, long)
     if key not in _CACHE:
         _CACHE[key] = loss_and_grads(cfg, b, None)
     ref_loss, ref_grads = _CACHE[key]
     cfg.mesh.update(dict(data=data, context=4))
-    cfg.model.kernel_impl = impl
     if data == 2:
         cfg.model.remat = "full"
     mesh = mesh_lib.make_mesh(cfg.mesh, jax.devices()[: 4 * data])
