@@ -54,6 +54,8 @@ def test_gated_norm_gradients_match_autodiff(monkeypatch, shape, groups, wdim, g
             x, z, w, groups=groups, gate_first=gate_first, eps=EPS, out_dtype=jnp.bfloat16, activation=activation,
             impl=impl), x, z, w)
         np.testing.assert_allclose(np.asarray(out, np.float32), want_out, rtol=8e-3, atol=8e-3)
+        # the backward keeps the inputs alone: no float32 copy of the activations
+        assert [(a.shape, a.dtype) for a in jax.tree.leaves(vjp)] == [(a.shape, a.dtype) for a in (x, z, w)]
         for got, ref, a in zip(vjp(dout), want, (x, z, w), strict=True):
             assert got.dtype == a.dtype and got.shape == a.shape
             tol = 1e-4 if got.dtype == jnp.float32 else 8e-3  # bf16: one rounding of each output
