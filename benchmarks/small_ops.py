@@ -13,8 +13,8 @@ its predecessor's inputs). An op whose host dispatch takes > 80% of its time is 
 time is lower than measured. The ops:
 
 * ``rmsnorm``: the sublayer pre-norm ``RMSNorm(hidden)`` on ``[B, T, D]``.
-* ``gdn_gated_norm``: GDN's ``out_norm(o, silu(z))`` on ``o, z: [B, T, Hv, dv]``.
-* ``mamba2_gated_norm``: Mamba2's ``GroupRMSNorm(y, z)`` on ``y, z: [B, T, expand * D]``.
+* ``gdn_gated_norm``: GDN's ``out_norm(o, z)`` (``rmsnorm(o) * w * silu(z)``) on ``o, z: [B, T, Hv, dv]``.
+* ``mamba2_gated_norm``: Mamba2's ``norm(y, z)`` (gate first, per group) on ``y, z: [B, T, expand * D]``.
 * ``silu_mul``: ``silu(gate) * up`` on ``[B, T, F]``, the element-wise part of the SwiGLU MLP.
 * ``mlp``: the whole ``MLP`` block on ``[B, T, D]`` (two matmuls around ``silu_mul``).
 * ``short_conv``: GDN's depthwise causal conv (kernel ``conv_size``) + SiLU on its q/k/v channels ``[B, T, C]``;
@@ -121,7 +121,7 @@ def make_ops(cfg: ConfigDict, batch: int, seq: int, ce_chunks: tuple[int, ...] =
             "gdn_gated_norm",
             f"[{B},{T},{hv},{dv}] x2",
             gdn.out_norm,
-            lambda n, o, z: n(o, jax.nn.silu(z.astype(jnp.float32))),
+            lambda n, o, z: n(o, z),
             (rand(B, T, hv, dv), rand(B, T, hv, dv)),
         ),
         module_op(

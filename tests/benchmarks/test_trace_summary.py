@@ -295,7 +295,7 @@ def test_family_markers_name_the_model_code():
     from hybrid_jax.model import layers, stack
     from hybrid_jax.train.step import context_loss, loss, train_step
 
-    named = [loss.cross_entropy, stack.tied_logits, layers.lookup, layers.RMSNorm, layers.GroupRMSNorm,
+    named = [loss.cross_entropy, stack.tied_logits, layers.lookup, layers.RMSNorm, layers.GatedRMSNorm,
              layers.rms_normalize, kernels.chunk_gated_delta_rule, kernels.chunk_kda, kernels.chunk_simple_gla,
              kernels.attention, train_step.batch_loss, context_loss.context_batch_loss, stack.Sublayer,
              *stack.SUBLAYERS.values()]
@@ -307,7 +307,7 @@ def test_a_rematerialised_sublayers_ops_stay_the_models():
     at remat=full reads): its residual add is the model's ("other"), not the optimizer's; its mixer ops the mixer's;
     AdamW's ops still the optimizer's."""
     remat = ("merge_inputs.merge_inputs_wrapper", "Sublayer.residual")
-    assert marker(remat) == "loss" and marker((*remat, "Mamba2._mix", "GroupRMSNorm")) == "norm"
+    assert marker(remat) == "loss" and marker((*remat, "Mamba2._mix", "GatedRMSNorm")) == "norm"
     assert marker((*remat, "Mamba2._mix")) == "mixer"
     assert marker(("step", "chain.update_fn", "scale_by_adam.update_fn")) is None  # rule 4: the optimizer
 
