@@ -118,13 +118,18 @@ def gla_pair(k: jax.Array, v: jax.Array, log_decay: jax.Array, last_doc: jax.Arr
     return transition, local.reshape(B, HV, K, V)
 
 
-def _log_decay(gamma: jax.Array, C: int) -> jax.Array:
-    """``G [B,T,HV]``, the cumulative log decay from the shard's start, from the kernels' scalar gate (its sums within
-    each chunk of ``C``: ``op.kernel_gate``; a scalar gate is always summed by XLA)."""
+def _chunk_totals(gamma: jax.Array, C: int) -> jax.Array:
+    """Each chunk's summed log decay ``[B, T/C, HV]``: the last row of the kernels' scalar gate in each chunk of ``C``
+    (its sums within each chunk: ``op.kernel_gate``; a scalar gate is always summed by XLA)."""
     B, T, HV = gamma.shape
-    x = gamma.reshape(B, T // C, C, HV)
-    ends = x[:, :, -1]  # each chunk's total
-    return (x + (jnp.cumsum(ends, axis=1) - ends)[:, :, None]).reshape(gamma.shape)
+    return gamma.reshape(B, T // C, C, HV)[:, :, -1]
+
+
+def _log_decay(gamma: jax.Array, C: int) -> jax.Array:
+    """``G [B,T,HV]``, the cumulative log decay from the shard's start, from the kernels' scalar gate."""
+    B, T, HV = gamma.shape
+    ends = _chunk_totals(gamma, C)
+    return (gamma.reshape(B, T // C, C, HV) + (jnp.cumsum(ends, axis=1) - ends)[:, :, None]).reshape(gamma.shape)
 
 
 def _gla_steps(gamma: jax.Array, rel: jax.Array | None, C: int, groups: int) -> jax.Array:
@@ -132,7 +137,7 @@ def _gla_steps(gamma: jax.Array, rel: jax.Array | None, C: int, groups: int) -> 
     summed log decay (``gamma [B,T,HV]``: the kernels' gate, summed within each chunk), 0 where a document starts in
     it (a chunk of ``rel`` whose last row is not in the document it carries in)."""
     B, T, HV = gamma.shape
-    ends = gamma.reshape(B, T // C, C, HV)[:, :, -1]  # each chunk's total
+    ends = _chunk_totals(gamma, C)
     if rel is not None:
         ends = jnp.where(rel.reshape(B, T // C, C)[:, :, -1:] == 0, ends, -jnp.inf)
     return jnp.exp(jnp.sum(ends.reshape(B, groups, -1, HV), axis=2)).swapaxes(0, 1)

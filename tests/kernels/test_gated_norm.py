@@ -29,11 +29,13 @@ def plain(x, z, w, groups, gate_first, activation):
 # weight per channel), GDN (bf16 o of 3 heads of 24, one shared weight), KDA (sigmoid); 35-72 group rows in tiles of
 # 16 (Mamba2: 5 tiles over 2 programs, 3 and 2) or 32 rows: ragged last tiles
 CASES = [((2, 9, 160), 4, 160, True, "silu", jnp.float32),
+         ((2, 5, 120), 3, 120, True, "silu", jnp.float32),  # 3 weight groups: not a power of two, the XLA form
          ((2, 7, 3, 24), 1, 24, False, "silu", jnp.bfloat16),
          ((1, 35, 1, 24), 1, 24, False, "sigmoid", jnp.bfloat16)]
 
 
-@pytest.mark.parametrize("shape, groups, wdim, gate_first, activation, dtype", CASES, ids=["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("shape, groups, wdim, gate_first, activation, dtype", CASES,
+                         ids=["mamba2", "mamba2_3_groups", "gdn", "kda"])
 def test_gated_norm_gradients_match_autodiff(monkeypatch, shape, groups, wdim, gate_first, activation, dtype):
     config = tuning.GatedNormConfig
     monkeypatch.setattr(tuning, "GatedNormConfig", lambda: config(block=1024, programs=2))
