@@ -91,5 +91,5 @@ class KimiDeltaAttention(RecurrentMixer):
         sow(self, "g", g)
         sow(self, "beta", beta)
         sow(self, "final_state", state)
-        gate = self.g_b_proj(g_a).reshape(B, T, self.hv, self.dv)
-        return self.out_proj(self.out_norm(o, gate).reshape(B, T, vd)), state, tail
+        z = self.g_b_proj(g_a).reshape(B, T, self.hv, self.dv)  # the output gate is sigmoid(z), in out_norm
+        return self.out_proj(self.out_norm(o, z).reshape(B, T, vd)), state, tail
