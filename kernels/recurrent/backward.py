@@ -19,7 +19,17 @@ from hybrid_jax.kernels.recurrent import block_math as bm
 from hybrid_jax.kernels.recurrent import segments as segs
 from hybrid_jax.kernels.recurrent.backward_math import Snapshots, grad_through_output, grad_through_wy
 from hybrid_jax.kernels.recurrent.block_math import F32
-from hybrid_jax.kernels.recurrent.launch import Static, call, diagonal_launches, dims, gate_bytes, summing_gate
+from hybrid_jax.kernels.recurrent.launch import (
+    Specs,
+    Static,
+    call,
+    diagonal_launches,
+    dims,
+    gate_bytes,
+    over_value_heads,
+    summing_gate,
+    summing_over_value_heads,
+)
 from hybrid_jax.kernels.tuning import fit_stages
 
 sds = jax.ShapeDtypeStruct
@@ -234,9 +244,13 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, 
 
 def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, dv_new: jax.Array | None,
          do: jax.Array, redo_far: bool = True) -> tuple:
-    """-> per value head ``dq, dk [B,T,HV,K]``, ``d(gamma)`` (the gate's shape) and, with the delta rule, ``dv
-    [B,T,HV,V]`` and ``dbeta [B,T,HV]``, all float32. ``dh``, ``hdh`` (or None: computed from the snapshots),
-    ``dv_new``: from :func:`state_bwd`. ``redo_far``: see :func:`launch.diagonal_launches`."""
+    """-> ``dq, dk``, ``d(gamma)`` (the gate's shape, float32) and, with the delta rule, ``dv [B,T,HV,V]`` and ``dbeta
+    [B,T,HV]`` float32. ``dq, dk``: per value head ``[B,T,HV,K]`` float32; without the delta rule and with a scalar
+    gate (:func:`_grad_per_key_head`) per q/k head ``[B,T,H,K]`` in ``q``'s dtype, summed over its value heads.
+    ``dh``, ``hdh`` (or None: computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
+    :func:`launch.diagonal_launches`."""
+    if res.beta is None and res.gamma.ndim == 3:
+        return _grad_per_key_head(static, res, dh, hdh, do)
     d = dims(static, res.q, res.v, res.gamma)
     s, C, cfg = d.specs, static.chunk, static.cfg
     delta = res.beta is not None
@@ -256,7 +270,7 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
                   "v_new_ref": (res.v_new, s.rows(d.V)), "do_ref": (do, s.rows(d.V))} | hdh_in | rel_in
         dq, dk, dgamma = run(kernel, "grad_bwd", cfg.grad, inputs=inputs, outputs=grads, gate="gamma_ref",
                              dgate=None if delta else "dgamma_ref")
-        if not delta:
+        if not delta:  # a per-key gate
             return dq, dk, dgamma
         inputs = {"k_ref": (res.k, s.qk(d.K)), "v_ref": (res.v, s.rows(d.V)), "beta_ref": (res.beta, s.vec()),
                   "gamma_ref": (res.gamma, s.gate()), "v_new_ref": (res.v_new, s.rows(d.V)),
@@ -274,3 +288,30 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
               "do_ref": (do, s.rows(d.V))} | hdh_in | rel_in
     return tuple(run(kernel, "grad_bwd", cfg.grad, inputs=inputs, outputs=grads | wy_grads, gate="gamma_ref",
                      dgate="dgamma_ref"))
+
+
+def _grad_per_key_head(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, do: jax.Array) -> tuple:
+    """:func:`grad` without the delta rule, scalar gate: ``(dq, dk [B,T,H,K]`` in q's dtype, ``d(gamma) [B,T,HV]``
+    float32). One program per (batch, q/k head, chunk) runs the chunk's gradient for each of the head's value heads
+    in turn and sums its dq, dk over them in registers (``launch.summing_over_value_heads``): it writes one q/k
+    head's gradients instead of every value head's in float32 for XLA to sum."""
+    d = dims(static, res.q, res.v, res.gamma)
+    H, G = res.q.shape[2], d.HV // res.q.shape[2]
+    s, per_key_head = d.specs, Specs(d.T, static.chunk, 1, d.BV, None)  # on the grid [B, H, N], q/k head h
+    spans = {"gamma_ref": (res.gamma, s.gate()), "h_ref": (res.h, s.snapshot(d.K, d.V)),
+             "dh_ref": (dh, s.snapshot(d.K, d.V)), "v_new_ref": (res.v_new, s.rows(d.V)), "do_ref": (do, s.rows(d.V))}
+    if hdh is not None:
+        spans["hdh_ref"] = (hdh, s.chunk_keys(d.K))
+    dgamma = {"dgamma_ref": (sds(res.gamma.shape, F32), s.gate())}
+    wide = {name: (x, *over_value_heads(spec, G)) for name, (x, spec) in (spans | dgamma).items()}
+    key_rows = (sds((d.B, d.T, H, d.K), res.q.dtype), per_key_head.qk(d.K))
+    inputs = {"q_ref": (res.q, per_key_head.qk(d.K)), "k_ref": (res.k, per_key_head.qk(d.K))}
+    inputs |= {name: wide[name][:2] for name in spans}
+    if res.rel is not None:
+        inputs["rel_ref"] = (res.rel, s.seg())
+    outputs = {"dq_ref": key_rows, "dk_ref": key_rows, "dgamma_ref": wide["dgamma_ref"][:2]}
+    kernel = summing_over_value_heads(functools.partial(_grad_kernel, scale=static.scale), G,
+                                      {name: axis for name, (_, _, axis) in wide.items()}, ("dq_ref", "dk_ref"))
+    return tuple(diagonal_launches(kernel, "grad_bwd", static.cfg.grad, static, (d.B, H, d.N), inputs, outputs,
+                                   gate="gamma_ref", causal=False, redo_far=True, dgate="dgamma_ref",
+                                   per_program=static.cfg.chunks_per_program_at(d.K, d.V)))

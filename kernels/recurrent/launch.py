@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels.recurrent.block_math import F32, SUB, blocks, far_blocks, wide_exponent
-from hybrid_jax.kernels.recurrent.refs import ChunkOf, FarRowsOnly, ReverseSummedGrad, SummedGate
+from hybrid_jax.kernels.recurrent.refs import ChunkOf, FarRowsOnly, HeadOf, ReverseSummedGrad, SummedGate, SumOverHeads
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
 
 Operands = dict[str, tuple]  # ref name -> (array or ShapeDtypeStruct, BlockSpec), in launch order
@@ -186,6 +186,35 @@ def summing_gate(kernel: Callable, static: Static, gamma: jax.Array, gate: str, 
         return kernel(**refs)
 
     return summing
+
+
+def over_value_heads(spec: pl.BlockSpec, G: int) -> tuple[pl.BlockSpec, int]:
+    """A chunk-parallel BlockSpec of a per-value-head tensor (heads on axis 2, one per program) -> ``(spec, axis)``:
+    the spec over ``G`` consecutive value heads, the heads of one q/k head on a grid ``[B, H, N]``, and the axis of
+    the heads in the kernel's ref (for :class:`refs.HeadOf`)."""
+    shape = list(spec.block_shape)
+    if shape[2] is not None:
+        raise ValueError(f"a per-value-head BlockSpec must take one head on axis 2: {spec}")
+    shape[2] = G
+    return pl.BlockSpec(tuple(shape), spec.index_map), sum(x is not None for x in spec.block_shape[:2])
+
+
+def summing_over_value_heads(kernel: Callable, G: int, axes: dict[str, int], summed: tuple[str, ...]) -> Callable:
+    """``kernel`` run on each of a q/k head's ``G`` value heads in turn: the refs named in ``axes`` (name -> head axis,
+    :func:`over_value_heads`) as that head's (:class:`refs.HeadOf`), the output refs ``summed`` as sums over the
+    heads, stored once at the end (:class:`refs.SumOverHeads`); the other refs as they are."""
+
+    def each_value_head(**refs):
+        sums = {name: SumOverHeads(refs[name]) for name in summed}
+        for g in range(G):
+            for ref in sums.values():
+                ref.next_head()
+            kernel(**{name: HeadOf(ref, g, axes[name]) if name in axes else sums.get(name, ref)
+                      for name, ref in refs.items()})
+        for ref in sums.values():
+            ref.flush()
+
+    return each_value_head
 
 
 def over_chunks(spec: pl.BlockSpec, R: int) -> pl.BlockSpec:

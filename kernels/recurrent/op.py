@@ -2,8 +2,9 @@
 
 XLA does the cheap elementwise work: padding (T to a multiple of the chunk, K and V to powers of two >= 16), the
 optional L2 norm of q and k, the chunk-local gate cumsum (its VJP is the reverse cumsum; or the kernels sum the gate:
-``RecurrentConfig.sums_gate``), the far-chunk flags of the levels launches, and the sum of q/k gradients over
-grouped value heads. Launches: forward ``wy`` -> ``state_fwd`` -> ``output``; backward ``state_bwd`` -> ``grad``.
+``RecurrentConfig.sums_gate``), the far-chunk flags of the levels launches, and, with the delta rule or a per-key
+gate, the sum of q/k gradients over grouped value heads (otherwise the gradient kernel sums them). Launches:
+forward ``wy`` -> ``state_fwd`` -> ``output``; backward ``state_bwd`` -> ``grad``.
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ def backward(static: Static, res: Residuals, do, dfinal):
     else:
         dq, dk, dgamma, dv, dbeta = grad(static, res, dh, hdh, dv_new, do)
         dbeta = dbeta.astype(res.beta.dtype)
-    group = (B, T, H, res.v.shape[2] // H, K)
-    dq = dq.reshape(group).sum(3).astype(res.q.dtype)
-    dk = dk.reshape(group).sum(3).astype(res.k.dtype)
+    if dq.shape[2] != H:  # per value head: summed over the value heads of each q/k head
+        group = (B, T, H, res.v.shape[2] // H, K)
+        dq, dk = dq.reshape(group).sum(3), dk.reshape(group).sum(3)
+    dq, dk = dq.astype(res.q.dtype), dk.astype(res.k.dtype)
     return dq, dk, dv.astype(res.v.dtype), dgamma, dbeta, dh0, None
 
 

@@ -76,6 +76,8 @@ CASES = [
     Lowering("kda_fwd_bwd_split_grad_chunks_per_program", model_like("kda", T=256), variant=f"{SPLIT},{PER_PROGRAM}"),
     Lowering("gdn_fwd_bwd_segments", model_like("gdn"), segments=True),
     Lowering("gla_fwd_bwd_segments", model_like("gla"), segments=True),
+    Lowering("gla_fwd_bwd_chunks_per_program_hdh_segments", model_like("gla", T=256),
+             variant=f"{PER_PROGRAM},state_bwd_hdh_from=0", segments=True),
     Lowering("kda_fwd_bwd_split_grad_segments", model_like("kda"), variant=SPLIT, segments=True),
     Lowering("gdn_fwd_bwd_chunks_per_program_segments", model_like("gdn", T=256), variant=PER_PROGRAM,
              segments=True),

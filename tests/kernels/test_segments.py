@@ -82,7 +82,7 @@ VARIANTS = dict(split_grad_from=0, output_in_state=True, state_bwd_hdh_from=0, b
 
 @pytest.mark.parametrize("kind, chunk, variants, branch", [
     ("gdn", 16, False, True), ("gla", 16, False, True), ("kda", 32, False, False), ("gdn", 16, True, True),
-    ("kda", 16, True, False)])
+    ("gla", 16, True, True), ("kda", 16, True, False)])
 def test_pallas_kernels_with_documents(kind, chunk, variants, branch):
     """Values, final state and every input's gradient against the naive recurrence with resets (float32).
     KDA at chunk 32: two 16-row blocks per chunk, and gates of -20 make the levels launches redo far rows.
