@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels.recurrent.block_math import F32, SUB, blocks, far_blocks, wide_exponent
-from hybrid_jax.kernels.recurrent.refs import ChunkOf, FarRowsOnly, HeadOf, ReverseSummedGrad, SummedGate, SumOverHeads
+from hybrid_jax.kernels.recurrent.refs import ChunkOf, FarRowsOnly, HeadOf, ReverseSummedGrad, SummedGate, TileSum
 from hybrid_jax.kernels.tuning import Launch, RecurrentConfig
 
 Operands = dict[str, tuple]  # ref name -> (array or ShapeDtypeStruct, BlockSpec), in launch order
@@ -200,19 +200,21 @@ def over_value_heads(spec: pl.BlockSpec, G: int) -> tuple[pl.BlockSpec, int]:
 
 
 def summing_over_value_heads(kernel: Callable, G: int, axes: dict[str, int], summed: tuple[str, ...]) -> Callable:
-    """``kernel`` run on each of a q/k head's ``G`` value heads in turn: the refs named in ``axes`` (name -> head axis,
-    :func:`over_value_heads`) as that head's (:class:`refs.HeadOf`), the output refs ``summed`` as sums over the
-    heads, stored once at the end (:class:`refs.SumOverHeads`); the other refs as they are."""
+    """``kernel`` run on each of a q/k head's ``G`` value heads in a loop: the refs named in ``axes`` (name -> head
+    axis, :func:`over_value_heads`) as that head's (:class:`refs.HeadOf`), the output refs ``summed`` (each stored
+    as one whole tile: :class:`refs.TileSum`) summed over the heads in float32 and stored once after the loop; the
+    other refs as they are. A loop, not G copies of the kernel: the copies' live values spill registers."""
 
     def each_value_head(**refs):
-        sums = {name: SumOverHeads(refs[name]) for name in summed}
-        for g in range(G):
-            for ref in sums.values():
-                ref.next_head()
-            kernel(**{name: HeadOf(ref, g, axes[name]) if name in axes else sums.get(name, ref)
+        def one_head(g, sums):
+            tiles = {name: TileSum(refs[name]) for name in summed}
+            kernel(**{name: HeadOf(ref, g, axes[name]) if name in axes else tiles.get(name, ref)
                       for name, ref in refs.items()})
-        for ref in sums.values():
-            ref.flush()
+            return tuple(total + tiles[name].value for total, name in zip(sums, summed, strict=True))
+
+        zeros = tuple(jnp.zeros(refs[name].shape, F32) for name in summed)
+        for name, total in zip(summed, lax.fori_loop(0, G, one_head, zeros), strict=True):
+            refs[name][...] = total.astype(refs[name].dtype)
 
     return each_value_head
 

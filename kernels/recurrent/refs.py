@@ -9,9 +9,9 @@ change what such an index means, without a second copy of any kernel:
 - :class:`SummedGate` / :class:`ReverseSummedGrad`: where the kernels sum the raw gate themselves
   (``RecurrentConfig.gate_cumsum_in_kernels``), a load of the gate returns its chunk sums and a store of the gate's
   gradient writes the raw gate's (the reverse sums).
-- :class:`HeadOf` / :class:`SumOverHeads`: a program over one q/k head loops over the value heads that read it
+- :class:`HeadOf` / :class:`TileSum`: a program over one q/k head loops over the value heads that read it
   (``backward.grad`` without the delta rule): the kernel gets value head ``g`` of refs that span all of them, and
-  its q/k gradients are summed over them before one store.
+  its q/k gradient tiles are kept as values, summed over the heads before one store.
 
 Each view supports only the indexing the kernels use, has the ``shape`` and ``dtype`` of the ref it stands for,
 and emits the same loads and stores as the kernel on a plain ref would, plus its own arithmetic.
@@ -87,7 +87,7 @@ class ReverseSummedGrad:
 
 
 class HeadOf:
-    """Value head ``g`` (a Python int) of a ref whose tile spans a q/k head's ``G`` value heads on axis ``axis``,
+    """Value head ``g`` (may be traced) of a ref whose tile spans a q/k head's ``G`` value heads on axis ``axis``,
     indexed as the ref of one value head."""
 
     def __init__(self, ref, g: int, axis: int):
@@ -106,25 +106,14 @@ class HeadOf:
         self.ref[self._index(idx)] = x
 
 
-class SumOverHeads:
-    """An output ref that the kernel, run once per value head, stores the same blocks into each time: the stores are
-    summed in float32 (in registers) and :meth:`flush` writes the sums, in the ref's dtype, once."""
+class TileSum:
+    """An output ref that the kernel stores one whole tile into (``ref[...] = x`` or its one row block): the stored
+    value is kept, in float32, as :attr:`value` instead of written (a loop over value heads sums them)."""
 
     def __init__(self, ref):
-        self.ref, self.shape, self.dtype = ref, ref.shape, jnp.float32
-        self.sums: list[list] = []  # [index, sum] in store order
-        self.count = 0  # stores seen in this value head's run
-
-    def next_head(self) -> None:
-        self.count = 0
+        self.shape, self.dtype, self.value = ref.shape, jnp.float32, None
 
     def __setitem__(self, idx, x):
-        if self.count == len(self.sums):
-            self.sums.append([idx, x.astype(jnp.float32)])
-        else:
-            self.sums[self.count][1] = self.sums[self.count][1] + x
-        self.count += 1
-
-    def flush(self) -> None:
-        for idx, total in self.sums:
-            self.ref[idx] = total.astype(self.ref.dtype)
+        if x.shape != self.shape or self.value is not None:
+            raise ValueError(f"TileSum takes one store of the whole {self.shape} tile, got {x.shape}")
+        self.value = x.astype(jnp.float32)
