@@ -3,7 +3,9 @@
 ``state_bwd`` [B, HV, NV]: reverse sequential over chunks, the float32 state gradient in registers: dh snapshots,
 d(v_new), d(initial state). ``grad`` [B, HV, N]: dq, dk, dv, dbeta, d(gamma) per chunk, the WY backward fused in
 or, where ``RecurrentConfig.splits_grad`` (large K V: the fused kernel spills), split in two launches
-``grad_bwd`` (through the output and state update) and ``grad_wy_bwd`` (through the WY transform).
+``grad_bwd`` (through the output and state update) and ``grad_wy_bwd`` (through the WY transform). Without the delta
+rule and with a scalar gate (Mamba2's SSD) ``grad`` is ``[B, H, N]``: each program sums dq, dk over its q/k head's
+value heads.
 """
 
 from __future__ import annotations
