@@ -252,7 +252,7 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
     ``dh``, ``hdh`` (or None: computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
     :func:`launch.diagonal_launches`."""
     if res.beta is None and res.gamma.ndim == 3:
-        return _grad_per_key_head(static, res, dh, hdh, do)
+        return _grad_per_key_head(static, res, dh, hdh, do, redo_far)
     d = dims(static, res.q, res.v, res.gamma)
     s, C, cfg = d.specs, static.chunk, static.cfg
     delta = res.beta is not None
@@ -292,7 +292,8 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
                      dgate="dgamma_ref"))
 
 
-def _grad_per_key_head(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, do: jax.Array) -> tuple:
+def _grad_per_key_head(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, do: jax.Array,
+                       redo_far: bool) -> tuple:
     """:func:`grad` without the delta rule, scalar gate: ``(dq, dk [B,T,H,K]`` in q's dtype, ``d(gamma) [B,T,HV]``
     float32). One program per (batch, q/k head, chunk) runs the chunk's gradient for each of the head's value heads
     in turn and sums its dq, dk over them in registers (``launch.summing_over_value_heads``): it writes one q/k
@@ -315,5 +316,5 @@ def _grad_per_key_head(static: Static, res: Residuals, dh: jax.Array, hdh: jax.A
     kernel = summing_over_value_heads(functools.partial(_grad_kernel, scale=static.scale), G,
                                       {name: axis for name, (_, _, axis) in wide.items()}, ("dq_ref", "dk_ref"))
     return tuple(diagonal_launches(kernel, "grad_bwd", static.cfg.grad, static, (d.B, H, d.N), inputs, outputs,
-                                   gate="gamma_ref", causal=False, redo_far=True, dgate="dgamma_ref",
+                                   gate="gamma_ref", causal=False, redo_far=redo_far, dgate="dgamma_ref",
                                    per_program=static.cfg.chunks_per_program_at(d.K, d.V)))

@@ -90,7 +90,7 @@ class HeadOf:
     """Value head ``g`` (may be traced) of a ref whose tile spans a q/k head's ``G`` value heads on axis ``axis``,
     indexed as the ref of one value head."""
 
-    def __init__(self, ref, g: int, axis: int):
+    def __init__(self, ref, g: int | jax.Array, axis: int):
         self.ref, self.g, self.axis, self.dtype = ref, g, axis, ref.dtype
         self.shape = tuple(ref.shape[:axis]) + tuple(ref.shape[axis + 1:])
 
@@ -107,8 +107,8 @@ class HeadOf:
 
 
 class TileSum:
-    """An output ref that the kernel stores one whole tile into (``ref[...] = x`` or its one row block): the stored
-    value is kept, in float32, as :attr:`value` instead of written (a loop over value heads sums them)."""
+    """An output ref that the kernel stores once, the whole tile at a time: the stored value is kept, in float32, as
+    :attr:`value` instead of written (a loop over value heads sums them)."""
 
     def __init__(self, ref):
         self.shape, self.dtype, self.value = ref.shape, jnp.float32, None
