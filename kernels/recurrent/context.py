@@ -146,9 +146,10 @@ def _gla_steps(gamma: jax.Array, rel: jax.Array | None, C: int, groups: int) -> 
 def _group_pairs(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None, seg: jax.Array | None,
                  k: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
     """Step 2, per group of chunks: ``(M [G,B,HV,K,K], S_local [G,B,HV,K,V])`` float32. The delta rule: the state pass
-    on ``[u | 0]`` from ``[0 | I]`` (the value width rounded up to the state launch's V tile with zero columns) over
-    the groups side by side. GLA (no ``w``; ``M [G,B,HV]``): :func:`_gla_steps` and :func:`gla_pair` over each
-    group's last document (``seg [B,T]``: the shard's segment ids, padding continuing the last; None: one)."""
+    on ``[u | 0]`` from ``[0 | I]`` (the value width rounded up to the state launch's V tile with zero columns; the
+    launch reads ``u``'s tiles and no zeros: ``forward.state_fwd``'s wider start) over the groups side by side. GLA (no
+    ``w``; ``M [G,B,HV]``): :func:`_gla_steps` and :func:`gla_pair` over each group's last document (``seg [B,T]``: the
+    shard's segment ids, padding continuing the last; None: one)."""
     split = functools.partial(_split, groups=groups)
     B = k.shape[0]
     if s.w is None:
@@ -159,10 +160,10 @@ def _group_pairs(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None,
     K = s.k_seq.shape[-1]
     tile = min(static.cfg.block_v, V + K)
     extra = K + (-(V + K)) % tile
-    wide_u = jnp.concatenate([s.u, jnp.zeros((B, T, HV, extra), s.u.dtype)], axis=-1)
     eye = jnp.broadcast_to(jnp.eye(K, extra, dtype=F32), (B * groups, HV, K, extra))
     start = jnp.concatenate([jnp.zeros((B * groups, HV, K, V), F32), eye], axis=-1)
-    (end,) = state_fwd(static, *map(split, (s.k_seq, gamma, s.w, wide_u)), start, rel=split(rel), final_only=True)
+    u = s.u if V % tile == 0 else jnp.pad(s.u, ((0, 0), (0, 0), (0, 0), (0, (-V) % tile)))  # whole V tiles of u
+    (end,) = state_fwd(static, *map(split, (s.k_seq, gamma, s.w, u)), start, rel=split(rel), final_only=True)
     end = _by_group(end, groups)
     return end[..., V:V + K], end[..., :V]
 

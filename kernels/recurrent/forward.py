@@ -19,6 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels.recurrent import block_math as bm
 from hybrid_jax.kernels.recurrent import segments as segs
@@ -82,13 +83,15 @@ def _state_kernel(*, k_ref,  # [T, K]
                   p_ref=None,  # [T, C]: with o_ref
                   o_ref=None,  # [T, BV] out (RecurrentConfig.output_in_state)
                   keep_ref=None,  # [W] int32: packed documents (segments.chunk_keeps)
-                  chunk: int, n_chunks: int, scale: float | None = None):
+                  chunk: int, n_chunks: int, scale: float | None = None, u_tiles: int | None = None):
     """Sequential over chunks for one (batch, head, V tile): h snapshots, v_new, final state (without ``h_ref``
-    and ``v_new_ref``: the final state alone); with ``o_ref`` also
+    and ``v_new_ref``: the final state alone); ``u_tiles``: the V tiles past the first ``u_tiles`` see a zero ``u``
+    (a context shard's transition columns: ``u_ref`` is then ``u``'s last tile, not read); with ``o_ref`` also
     this V tile of ``o = (scale Q exp(gamma)) h + P v_new``, from the carried float32 state (rounded as the snapshot
     is). With ``keep_ref`` (``k`` and ``q`` then masked by ``segments.sequential_qk``) the start state's decay
     follows the chunk's documents."""
     cd = k_ref.dtype
+    reads_u = None if u_tiles is None else pl.program_id(2) < u_tiles
 
     def body(c, s, keep):
         rows = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
@@ -97,7 +100,11 @@ def _state_kernel(*, k_ref,  # [T, K]
         k = k_ref[rows, :]
         gamma = gamma_ref[rows]
         gamma_last = bm.row(gamma, -1)
-        v_new = u_ref[rows, :].astype(F32)
+        if reads_u is None:
+            v_new = u_ref[rows, :].astype(F32)
+        else:  # a masked load: the transition's tiles fetch nothing
+            v_new = pltriton.load(u_ref.at[rows, :], mask=jnp.full((chunk, u_ref.shape[-1]), reads_u),
+                                  other=0.0).astype(F32)
         if w_ref is not None:
             v_new = v_new - bm.dot(w_ref[rows, :], s.astype(cd))
             if v_new_ref is not None:
@@ -164,16 +171,23 @@ def state_fwd(static: Static, k, gamma, w, u, h0, q=None, p=None, rel=None, fina
     else ``u`` is V and is returned as v_new), final state ``[B,HV,K,V]`` float32 and, with ``q`` and ``P`` (from
     :func:`wy`; ``RecurrentConfig.output_in_state``), the output ``o [B,T,HV,V]`` (input dtype). ``rel``: see
     :func:`wy`; with it ``q`` and ``k`` are masked (``segments.sequential_qk``). ``final_only``: ``(final state,)``
-    alone, no snapshot or ``v_new`` written (a context shard's transition: ``kernels/recurrent/context.py``)."""
-    d = dims(static, k, u, gamma)
+    alone, no snapshot or ``v_new`` written (a context shard's transition: ``kernels/recurrent/context.py``; ``h0``
+    may then be wider than ``u``, a whole number of V tiles: its columns past ``u``'s see a zero input)."""
+    wide = h0.shape[-1] > u.shape[-1]
+    d = dims(static, k, sds((*u.shape[:3], h0.shape[-1]), u.dtype) if wide else u, gamma)
     s, C = d.specs, static.chunk
     delta, with_o = w is not None, q is not None
-    kernel = functools.partial(_state_kernel, chunk=C, n_chunks=d.N, scale=static.scale if with_o else None)
+    u_tiles = u.shape[-1] // d.BV if wide else None
+    if wide and (not final_only or with_o or u_tiles * d.BV != u.shape[-1]):
+        raise ValueError(f"state_fwd: u of width {u.shape[-1]} under a wider state ({h0.shape[-1]}) needs final_only "
+                         f"and whole V tiles of {d.BV}")
+    kernel = functools.partial(_state_kernel, chunk=C, n_chunks=d.N, scale=static.scale if with_o else None,
+                               u_tiles=u_tiles)
     kernel = summing_gate(kernel, static, gamma, "gamma_ref")
     inputs = {"k_ref": (k, s.qk_seq(d.K)), "gamma_ref": (gamma, s.gate_seq())}
     if delta:
         inputs["w_ref"] = (w, s.rows_seq(d.K))
-    inputs |= {"u_ref": (u, s.vtile_seq()), "h0_ref": (h0, s.state_seq(d.K))}
+    inputs |= {"u_ref": (u, s.vtile_seq(u_tiles)), "h0_ref": (h0, s.state_seq(d.K))}
     if with_o:
         inputs |= {"q_ref": (q, s.qk_seq(d.K)), "p_ref": (p, s.rows_seq(C))}
     if rel is not None:

@@ -4,10 +4,12 @@ an initial state, the final state, grouped value heads and packed documents whos
 and just after shard edges (and none); outputs, final states and the gradients of every input, the initial state
 included; in XLA and with the Pallas kernels (interpreted: the two-pass op, ``kernels/recurrent/context.py``, on
 shards of 8 tokens, ragged against its chunk of 16, and on 2 shards of 64 tokens, whose state passes run their 4
-chunks as 4 groups side by side, documents starting on and around the groups' edges; with the fallback tables and
-with sm90's)."""
+chunks as 4 groups side by side, documents starting on and around the groups' edges; with the fallback tables, with
+them in V tiles of 16 and with sm90's)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -78,12 +80,16 @@ def context_parallel(name: str, x: dict, seg, impl: str = "xla", shards: int = N
 
 
 @pytest.mark.parametrize("documents,impl,long,arch", [
-    (True, "xla", False, None), (False, "xla", False, None), (True, "pallas_interpret", False, None),
-    (True, "pallas_interpret", True, None),
+    (True, "xla", False, None), (False, "xla", False, None),
+    (True, "pallas_interpret", False, None),  # V tiles of 32: the pair's pass reads u padded to a tile
+    (True, "pallas_interpret", True, "v_tiles_16"),  # V tiles of 16: the pair's pass reads u's tile alone
     (False, "pallas_interpret", True, "sm90"),  # its tables: KDA's output in the state pass, GDN's own V tiles
 ])
 def test_context_parallel_recurrences_equal_the_token_scan(documents, impl, long, arch, monkeypatch):
-    if arch is not None:
+    if arch == "v_tiles_16":
+        for table in (tuning.RECURRENT, tuning.RECURRENT_KDA):
+            monkeypatch.setitem(table, "fallback", dataclasses.replace(table["fallback"], block_v=16))
+    elif arch is not None:
         monkeypatch.setattr(tuning, "current_arch", lambda: arch)
     length, shards, starts = LONG if long else (T, N, STARTS)
     if long:  # the extra passes run in groups (a small batch x heads, chunks to spare)
