@@ -156,7 +156,7 @@ def _group_pairs(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None,
         last_doc = None if seg is None else split(seg) == split(seg)[:, -1:]
         _, local = gla_pair(split(k), split(s.u), _log_decay(split(gamma), static.chunk), last_doc)
         return _gla_steps(gamma, rel, static.chunk, groups), _by_group(local, groups)
-    _, T, HV, V = s.u.shape
+    _, _, HV, V = s.u.shape
     K = s.k_seq.shape[-1]
     tile = min(static.cfg.block_v, V + K)
     extra = K + (-(V + K)) % tile

@@ -109,9 +109,8 @@ class Specs:
     def vtile_seq(self, tiles: int | None = None) -> pl.BlockSpec:
         """``[T, BV]``: this V tile of a ``[B, T, HV, V]`` tensor; of one of ``tiles`` V tiles (the grid's past them
         read its last)."""
-        if tiles is None:
-            return pl.BlockSpec((None, self.T, None, self.BV), lambda b, h, v: (b, 0, h, v))
-        return pl.BlockSpec((None, self.T, None, self.BV), lambda b, h, v: (b, 0, h, jnp.minimum(v, tiles - 1)))
+        return pl.BlockSpec((None, self.T, None, self.BV),
+                            lambda b, h, v: (b, 0, h, v if tiles is None else jnp.minimum(v, tiles - 1)))
 
     def gate_seq(self) -> pl.BlockSpec:
         """The gate: ``[T]`` or, per key, ``[T, K]``."""
