@@ -18,11 +18,13 @@ F32 = jnp.float32
 
 def carry(m: jax.Array, state: jax.Array, transpose: bool = False) -> jax.Array:
     """``M state`` (``M^T state`` with ``transpose``) for ``state [..., K, X]``: ``M [..., K, K]`` or a scalar per
-    head ``[...]`` (the same leading dims), in float32."""
+    head ``[...]`` (the same leading dims), float32 in and out. The products run at the backend's default precision
+    (TF32 on NVIDIA tensor cores, full float32 on CPU): the kernels carry the same states through bfloat16 products,
+    so these are not what limits the accuracy."""
     if m.ndim == state.ndim - 2:
         return m[..., None, None] * state
     return jnp.einsum("...ji,...jv->...iv" if transpose else "...ij,...jv->...iv", m, state,
-                      precision=jax.lax.Precision.HIGHEST)
+                      precision=jax.lax.Precision.DEFAULT)
 
 
 def scan(transitions: jax.Array, locals_: jax.Array) -> tuple[jax.Array, jax.Array]:
