@@ -36,9 +36,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]  # the tree being measured
 
 
 def out_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path:
-    """Where a part writes its records and side files: ``explicit`` (an ``--out`` flag) if given, else ``$OUT``,
-    else ``bench_out`` in the current directory (created)."""
+    """Where a part writes its records and side files: ``explicit`` (an ``--out`` flag) if given (a ``.json`` file's
+    folder for a record file), else ``$OUT``, else ``bench_out`` in the current directory (created)."""
     path = pathlib.Path(explicit or os.environ.get("OUT") or "bench_out")
+    if explicit is not None and path.suffix == ".json":
+        path = path.parent
     path.mkdir(parents=True, exist_ok=True)
     return path
 

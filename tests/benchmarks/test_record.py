@@ -26,6 +26,7 @@ def test_save_writes_every_key_and_load_reads_it_back(tmp_path, monkeypatch):
 
 def test_save_to_a_file_and_to_out_by_default(tmp_path, monkeypatch):
     assert record.save("a", {"x": 1}, out=tmp_path / "sub" / "b.json") == tmp_path / "sub" / "b.json"
+    assert record.out_dir(tmp_path / "sub" / "b.json") == tmp_path / "sub"  # side files beside the record, not in it
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     assert record.load(record.save("c", {"x": 2}))["figures"] == {"x": 2}
     assert (tmp_path / "out" / "c.json").is_file()
