@@ -3,6 +3,7 @@ the plain kernel call on the shard's tokens.
 
     python -m benchmarks context_shard [--seq 65536] [--shards 8] [--impl auto] [--repeats 20]
     python -m benchmarks context_shard --smoke --impl xla        # tiny shapes on CPU: checks the script
+    python -m benchmarks context_shard --only kda gdn --accuracy # also the error of the whole sequence in n shards
 
 At the long-context recipe's shard (``configs/zebra_1b_kda_hybrid_64k.py``: ``--seq`` over ``--shards`` = 8192 tokens,
 B = 1, bf16): KDA and MLA at that recipe's head shapes, GDN at ``zebra_1b_gdn_hybrid``'s and Mamba2's SSD (GLA) at
@@ -20,7 +21,11 @@ keys (the gathered latent's keys and values) as MLA splits them: the first half 
 i T_local`` and the second half of shard ``n-1-i``'s at ``(n-1-i) T_local + T_local / 2``; the slowest shard (the step
 waits for it) and the mean over all shards, against causal self-attention on ``T_local`` tokens (``--impl``;
 with ``auto`` also the Pallas flash kernel for both, the same kernel on each side). The gathers themselves (the pairs,
-conv halos, the latent) are not timed here: docs/usage.md counts their bytes. Writes the record ``context_shard``.
+conv halos, the latent) are not timed here: docs/usage.md counts their bytes. With ``--accuracy``, per recurrence
+also the whole sequence (``--seq`` tokens, the same input law) split into ``n`` real shards on this one device
+(``jax.vmap`` with a named axis, so the collectives are real), its output's relative error against the float32
+token-by-token recurrence, beside the plain kernel's on the whole sequence (:func:`accuracy`). Writes the record
+``context_shard``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ import jax.numpy as jnp
 from benchmarks import record
 from benchmarks.configs import CONFIG_DIR, load
 from hybrid_jax import kernels
+from hybrid_jax.kernels.reference import naive_recurrence
 from hybrid_jax.kernels.registry import OPS
+from hybrid_jax.kernels.tooling.errors import rel_rms
 from hybrid_jax.kernels.tooling.calls import call
 from hybrid_jax.kernels.tooling.inputs import inputs
 from hybrid_jax.kernels.tooling.problems import Problem
@@ -119,6 +126,30 @@ def time_recurrence(p: Problem, n: int, impl: str, repeats: int) -> dict:
     return res
 
 
+def accuracy(p: Problem, n: int, impl: str) -> dict:
+    """The output's relative error against the float32 token-by-token recurrence of the whole sequence (``n T``
+    tokens of ``p``'s law): ``shards`` (``n`` real shards: ``jax.vmap`` over a named axis ``context``) and ``plain``
+    (the kernel call on the whole sequence, as a mixer makes it without context)."""
+    whole = dataclasses.replace(p, T=n * p.T)
+    x = inputs(whole, initial_state=False)
+    beta = x["beta"].astype(F32) if p.delta else None
+    ref = jax.jit(lambda x: naive_recurrence(x["q"].astype(F32), x["k"].astype(F32), x["v"].astype(F32), x["g"],
+                                             beta, scale=p.scale, use_qk_l2norm=p.delta)[0])(x)
+    plain = jax.jit(lambda x: call(whole, x, impl)[0])(x)
+    function = getattr(recurrence, OPS[p.op].function)
+
+    def shard(x: dict) -> jax.Array:
+        gates = (x["g"], x["beta"]) if p.delta else (x["g"],)
+        extra = dict(use_qk_l2norm=True) if p.delta else {}
+        return function(x["q"], x["k"], x["v"], *gates, axis="context", scale=p.scale, chunk_size=p.chunk or None,
+                        impl=impl, **extra)[0]
+
+    split = {k: v.reshape(v.shape[0], n, p.T, *v.shape[2:]).swapaxes(0, 1) for k, v in x.items()}
+    shards = jax.jit(jax.vmap(shard, axis_name="context"))(split).swapaxes(0, 1).reshape(plain.shape)
+    return dict(seq=n * p.T, shards_vs_f32=rel_rms(shards, ref), plain_vs_f32=rel_rms(plain, ref),
+                shards_vs_plain=rel_rms(shards, plain))
+
+
 def time_attention(p: Problem, n: int, impl: str, repeats: int) -> dict:
     """fwd and fwd+bwd ms of causal self-attention on ``T_local`` tokens and of a shard's queries over all ``n
     T_local`` keys at each offset (the last shard's and the mean), under ``impl`` (and, with ``auto`` on a GPU, the
@@ -190,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--only", nargs="*", default=None, help="ops to run (gdn, kda, gla, attention)")
     ap.add_argument("--smoke", action="store_true", help="one head of dims 16 per op (checks the script on CPU)")
+    ap.add_argument("--accuracy", action="store_true",
+                    help="also each recurrence's error on the whole sequence in --shards real shards")
     ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")
     args = ap.parse_args(argv)
     if args.seq % args.shards:
@@ -203,9 +236,16 @@ def main(argv: list[str] | None = None) -> None:
         timer = time_attention if p.op == "attention" else time_recurrence
         try:
             results[p.name] = timer(p, args.shards, args.impl, args.repeats)
+            if args.accuracy and p.op != "attention":
+                results[p.name]["accuracy"] = accuracy(p, args.shards, args.impl)
         except Exception as e:  # noqa: BLE001  one failing op must not hide the others
             results[p.name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         print(line(p.name, results[p.name]), flush=True)
+        if "accuracy" in results[p.name]:
+            a = results[p.name]["accuracy"]
+            print(f"  {a['seq']} tokens in {args.shards} shards: relative error {a['shards_vs_f32']:.4e} against "
+                  f"the float32 recurrence (the plain kernel on the whole sequence: {a['plain_vs_f32']:.4e})",
+                  flush=True)
         record.save("context_shard", dict(seq=args.seq, shards=args.shards, impl=args.impl, results=results),
                     out=args.out)
 

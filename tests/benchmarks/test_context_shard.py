@@ -1,5 +1,5 @@
 """benchmarks/context_shard.py at tiny shapes on CPU (XLA impl): the record holds, per op, the plain and the shard
-times, their ratios, and for MLA one time per shard offset."""
+times, their ratios, for MLA one time per shard offset, and with --accuracy each recurrence's error in shards."""
 
 import json
 
@@ -10,7 +10,7 @@ from benchmarks import context_shard
 
 def test_context_shard_record_at_tiny_shapes(tmp_path):
     context_shard.main(["--smoke", "--impl", "xla", "--seq", "64", "--shards", "2", "--repeats", "1", "--only", "gla",
-                        "gdn", "attention", "--out", str(tmp_path)])
+                        "gdn", "attention", "--accuracy", "--out", str(tmp_path)])
     figures = json.loads((tmp_path / "context_shard.json").read_text())["figures"]
     assert (figures["seq"], figures["shards"], figures["impl"]) == (64, 2, "xla")
     results = figures["results"]
@@ -21,7 +21,11 @@ def test_context_shard_record_at_tiny_shapes(tmp_path):
         for what in ("fwd", "fwdbwd"):
             assert r[f"ratio_{what}"] == pytest.approx(r[f"shard_{what}_ms"] / r[f"plain_{what}_ms"])
         assert r["within_goal"] == (max(r["ratio_fwd"], r["ratio_fwdbwd"]) <= 1.25)
+    for r in (gla, results["gdn (zebra_1b_gdn_hybrid)"]):  # bf16 inputs: the shards as close as the plain kernel
+        a = r["accuracy"]
+        assert a["seq"] == 64 and 0 < a["plain_vs_f32"] < 2e-2 and 0 < a["shards_vs_f32"] < 1.5 * a["plain_vs_f32"]
     mla = results["attention (zebra_1b_kda_hybrid_64k)"]
+    assert "accuracy" not in mla
     assert mla["keys"] == 64 and len(mla["shard_fwd_ms"]) == len(mla["shard_fwdbwd_ms"]) == 2
     assert mla["ratio_max_fwdbwd"] == pytest.approx(max(mla["shard_fwdbwd_ms"]) / mla["plain_fwdbwd_ms"])
     assert min(mla["shard_fwd_ms"] + mla["shard_fwdbwd_ms"] + [gla["plain_fwd_ms"], gla["shard_fwdbwd_ms"]]) > 0
