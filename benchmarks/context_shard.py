@@ -43,8 +43,8 @@ from benchmarks.configs import CONFIG_DIR, load
 from hybrid_jax import kernels
 from hybrid_jax.kernels.reference import naive_recurrence
 from hybrid_jax.kernels.registry import OPS
-from hybrid_jax.kernels.tooling.errors import rel_rms
 from hybrid_jax.kernels.tooling.calls import call
+from hybrid_jax.kernels.tooling.errors import rel_rms
 from hybrid_jax.kernels.tooling.inputs import inputs
 from hybrid_jax.kernels.tooling.problems import Problem
 from hybrid_jax.kernels.tooling.timing import median_ms
