@@ -55,8 +55,13 @@ def commit() -> tuple[str, bool | None]:
 
 def git_head(root: str | os.PathLike) -> tuple[str, bool | None]:
     """The commit checked out at ``root`` and whether its tracked files differ from it (``("unknown", None)`` where
-    git cannot say: no checkout there, or no git)."""
+    git cannot say: no checkout there, ``root`` only a folder inside another checkout (an unpacked ``git archive``
+    in a checkout's ignored folder), or no git)."""
     try:
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        if pathlib.Path(top).resolve() != pathlib.Path(root).resolve():
+            return "unknown", None
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],

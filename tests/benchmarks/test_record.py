@@ -40,6 +40,8 @@ def test_commit_from_the_environment_first_then_git(monkeypatch, tmp_path):
     assert len(head) == 40 or head == "unknown"
     monkeypatch.setattr(record, "ROOT", tmp_path)  # not a git tree
     assert record.commit() == ("unknown", None)
+    monkeypatch.setattr(record, "ROOT", record.pathlib.Path(__file__).parent)  # a folder inside a checkout: not its
+    assert record.commit() == ("unknown", None)  # commit (an unpacked archive of another one may sit there)
 
 
 def test_command_of_a_part_module_and_load_refuses_other_json(tmp_path):
