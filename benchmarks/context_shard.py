@@ -96,15 +96,16 @@ class OneDevice:
         return x[:, :n]
 
 
-def shard_fn(p: Problem, n: int, impl: str):
-    """``x -> o``: the last of ``n`` shards' computation (``hybrid_jax.parallel.recurrence``, its collectives
-    simulated by :class:`OneDevice`), with the kernel options a mixer passes, as :func:`call`."""
+def shard_fn(p: Problem, axis: str | OneDevice, impl: str):
+    """``x -> o``: a shard's computation (``hybrid_jax.parallel.recurrence``) over ``axis``: a named axis, or
+    :class:`OneDevice` (the last of ``n`` shards, its collectives simulated), with the kernel options a mixer passes,
+    as :func:`call`."""
     function = getattr(recurrence, OPS[p.op].function)
 
     def fn(x: dict) -> jax.Array:
         gates = (x["g"], x["beta"]) if p.delta else (x["g"],)
         extra = dict(use_qk_l2norm=True) if p.delta else {}
-        return function(x["q"], x["k"], x["v"], *gates, axis=OneDevice(n), scale=p.scale, chunk_size=p.chunk or None,
+        return function(x["q"], x["k"], x["v"], *gates, axis=axis, scale=p.scale, chunk_size=p.chunk or None,
                         impl=impl, **extra)[0]
     return fn
 
@@ -114,7 +115,7 @@ def time_recurrence(p: Problem, n: int, impl: str, repeats: int) -> dict:
     :func:`shard_fn` at ``p`` and their ratios."""
     x = inputs(p, initial_state=False)
     do = jax.random.normal(jax.random.key(1), x["v"].shape, x["v"].dtype)
-    forms = {"plain": lambda x: call(p, x, impl)[0], "shard": shard_fn(p, n, impl)}
+    forms = {"plain": lambda x: call(p, x, impl)[0], "shard": shard_fn(p, OneDevice(n), impl)}
     res = dict(op=p.op, shape=p.shape, shards=n)
     for name, fn in forms.items():
         loss = functools.partial(lambda fn, x: jnp.sum(fn(x).astype(F32) * do.astype(F32)), fn)
@@ -136,16 +137,9 @@ def accuracy(p: Problem, n: int, impl: str) -> dict:
     ref = jax.jit(lambda x: naive_recurrence(x["q"].astype(F32), x["k"].astype(F32), x["v"].astype(F32), x["g"],
                                              beta, scale=p.scale, use_qk_l2norm=p.delta)[0])(x)
     plain = jax.jit(lambda x: call(whole, x, impl)[0])(x)
-    function = getattr(recurrence, OPS[p.op].function)
-
-    def shard(x: dict) -> jax.Array:
-        gates = (x["g"], x["beta"]) if p.delta else (x["g"],)
-        extra = dict(use_qk_l2norm=True) if p.delta else {}
-        return function(x["q"], x["k"], x["v"], *gates, axis="context", scale=p.scale, chunk_size=p.chunk or None,
-                        impl=impl, **extra)[0]
-
     split = {k: v.reshape(v.shape[0], n, p.T, *v.shape[2:]).swapaxes(0, 1) for k, v in x.items()}
-    shards = jax.jit(jax.vmap(shard, axis_name="context"))(split).swapaxes(0, 1).reshape(plain.shape)
+    shards = jax.jit(jax.vmap(shard_fn(p, "context", impl), axis_name="context"))(split)
+    shards = shards.swapaxes(0, 1).reshape(plain.shape)
     return dict(seq=n * p.T, shards_vs_f32=rel_rms(shards, ref), plain_vs_f32=rel_rms(plain, ref),
                 shards_vs_plain=rel_rms(shards, plain))
 
