@@ -145,9 +145,9 @@ def _gla_steps(gamma: jax.Array, rel: jax.Array | None, C: int, groups: int) -> 
 
 def _group_pairs(static: Static, s: WY, gamma: jax.Array, rel: jax.Array | None, seg: jax.Array | None,
                  k: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
-    """Step 2, per group of chunks: ``(M [G,B,HV,K,K], S_local [G,B,HV,K,V])`` float32. The delta rule: the state pass
-    on ``[u | 0]`` from ``[0 | I]`` (the value width rounded up to the state launch's V tile with zero columns; the
-    launch reads ``u``'s tiles and no zeros: ``forward.state_fwd``'s wider start) over the groups side by side. GLA (no
+    """Step 2, per group of chunks: ``(M [G,B,HV,K,K], S_local [G,B,HV,K,V])`` float32. The delta rule: one state pass
+    from ``[0 | I]`` (the value width rounded up to the state launch's V tile) over the groups side by side, its
+    columns past ``u``'s seeing a zero input (``forward.state_fwd``'s wider start: no zeros are written). GLA (no
     ``w``; ``M [G,B,HV]``): :func:`_gla_steps` and :func:`gla_pair` over each group's last document (``seg [B,T]``: the
     shard's segment ids, padding continuing the last; None: one)."""
     split = functools.partial(_split, groups=groups)

@@ -79,18 +79,20 @@ def context_parallel(name: str, x: dict, seg, impl: str = "xla", shards: int = N
                          out_specs=(time, whole), check_vma=False)(x, seg)
 
 
-@pytest.mark.parametrize("documents,impl,long,arch", [
+@pytest.mark.parametrize("documents,impl,long,tables", [
     (True, "xla", False, None), (False, "xla", False, None),
     (True, "pallas_interpret", False, None),  # V tiles of 32: the pair's pass reads u padded to a tile
     (True, "pallas_interpret", True, "v_tiles_16"),  # V tiles of 16: the pair's pass reads u's tile alone
     (False, "pallas_interpret", True, "sm90"),  # its tables: KDA's output in the state pass, GDN's own V tiles
 ])
-def test_context_parallel_recurrences_equal_the_token_scan(documents, impl, long, arch, monkeypatch):
-    if arch == "v_tiles_16":
+def test_context_parallel_recurrences_equal_the_token_scan(documents, impl, long, tables, monkeypatch):
+    """``tables``: the launch tables (None: the fallback; an arch: its own; ``v_tiles_16``: the fallback in V tiles
+    of 16)."""
+    if tables == "v_tiles_16":
         for table in (tuning.RECURRENT, tuning.RECURRENT_KDA):
             monkeypatch.setitem(table, "fallback", dataclasses.replace(table["fallback"], block_v=16))
-    elif arch is not None:
-        monkeypatch.setattr(tuning, "current_arch", lambda: arch)
+    elif tables is not None:
+        monkeypatch.setattr(tuning, "current_arch", lambda: tables)
     length, shards, starts = LONG if long else (T, N, STARTS)
     if long:  # the extra passes run in groups (a small batch x heads, chunks to spare)
         assert context.group_count(length // shards // 16, B * HV) == 4
