@@ -1,11 +1,14 @@
-"""SwiGLU's element-wise part ``silu(gate) * up`` with its backward in one Pallas (Triton lowering) kernel.
+"""SwiGLU's element-wise part ``silu(gate) * up`` on the MLP's first projection ``fc = [gate | up]``, with its
+backward in one Pallas (Triton lowering) kernel that writes ``d fc`` whole.
 
-Forward (XLA, one fused pass): ``h = silu(gate) * up``. Backward, from ``dh``::
+The MLP computes ``fc = x @ W1`` as one matmul (``[..., D] -> [..., 2F]``), so that its backward is one matmul for the
+input gradient (``d fc @ W1^T``, contracting over ``2F``) and one for the weight's. Forward (XLA, one fused pass over
+the halves): ``h = silu(gate) * up``. Backward, from ``dh``::
 
     s = sigmoid(gate);   dup = dh * gate * s;   dgate = dh * up * s * (1 + gate * (1 - s))
 
-XLA computes ``dup`` and ``dgate`` in two passes that each read ``dh`` and ``gate`` (seven tensor-sized reads and
-writes at the 300M MLP); the kernel reads ``dh``, ``gate`` and ``up`` once and writes both (five). All arithmetic is
+The kernel reads ``dh`` and both halves of ``fc`` once and writes ``d fc = [dgate | dup]`` in place of a concatenate:
+each program takes ``rows x cols`` of each half, ``fc`` seen as ``[N, 2, F]`` (a free reshape). All arithmetic is
 float32, each output rounded once to the inputs' dtype.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``), ``pallas``, ``pallas_interpret``.
@@ -14,6 +17,7 @@ float32, each output rounded once to the inputs' dtype.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -26,82 +30,86 @@ from hybrid_jax.kernels.registry import pallas_or_xla
 F32 = jnp.float32
 
 
-def swiglu(gate: jax.Array, up: jax.Array, *, impl: str = "auto") -> jax.Array:
-    """``silu(gate) * up`` (``gate, up``: one shape and dtype, any rank), differentiable; its backward by ``impl``."""
-    if gate.shape != up.shape or gate.dtype != up.dtype:
-        raise ValueError(f"swiglu: gate and up must share shape and dtype, got {gate.dtype}{list(gate.shape)} and "
-                         f"{up.dtype}{list(up.shape)}")
-    return _swiglu(gate, up, pallas_or_xla(impl, "swiglu"))
+def swiglu(fc: jax.Array, *, impl: str = "auto") -> jax.Array:
+    """``silu(gate) * up`` with ``[gate | up] = fc`` split on the last axis (``fc: [..., 2F]`` -> ``[..., F]``),
+    differentiable; its backward by ``impl``."""
+    if fc.ndim < 1 or fc.shape[-1] % 2:
+        raise ValueError(f"swiglu: fc's last axis must hold [gate | up] (an even size), got {fc.dtype}"
+                         f"{list(fc.shape)}")
+    return _swiglu(fc, pallas_or_xla(impl, "swiglu"))
 
 
-def swiglu_backward_reference(dh: jax.Array, gate: jax.Array, up: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The XLA form of the backward (and the kernel's reference): ``(dgate, dup)`` in ``gate``'s dtype."""
-    g, u, d = gate.astype(F32), up.astype(F32), dh.astype(F32)
+def _halves(fc: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(gate, up)`` in float32."""
+    gate, up = jnp.split(fc.astype(F32), 2, axis=-1)
+    return gate, up
+
+
+def swiglu_backward_reference(dh: jax.Array, fc: jax.Array) -> jax.Array:
+    """The XLA form of the backward (and the kernel's reference): ``d fc = [dgate | dup]`` in ``fc``'s dtype."""
+    g, u = _halves(fc)
+    d = dh.astype(F32)
     s = jax.nn.sigmoid(g)
-    return (d * u * s * (1 + g * (1 - s))).astype(gate.dtype), (d * g * s).astype(gate.dtype)
+    return jnp.concatenate([d * u * s * (1 + g * (1 - s)), d * g * s], axis=-1).astype(fc.dtype)
 
 
-def _forward(gate: jax.Array, up: jax.Array) -> jax.Array:
-    g = gate.astype(F32)
-    return (g * jax.nn.sigmoid(g) * up.astype(F32)).astype(gate.dtype)
+def _forward(fc: jax.Array) -> jax.Array:
+    g, u = _halves(fc)
+    return (g * jax.nn.sigmoid(g) * u).astype(fc.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _swiglu(gate: jax.Array, up: jax.Array, impl: str) -> jax.Array:
-    return _forward(gate, up)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _swiglu(fc: jax.Array, impl: str) -> jax.Array:
+    return _forward(fc)
 
 
-def _swiglu_fwd(gate, up, impl):
-    return _forward(gate, up), (gate, up)
+def _swiglu_fwd(fc, impl):
+    return _forward(fc), fc
 
 
-def _swiglu_bwd(impl, residuals, dh):
-    gate, up = residuals
+def _swiglu_bwd(impl, fc, dh):
     if impl == "xla":
-        return swiglu_backward_reference(dh, gate, up)
-    return _pallas_backward(dh.astype(gate.dtype), gate, up, tuning.ElementwiseConfig(),
-                            interpret=impl == "pallas_interpret")
+        return (swiglu_backward_reference(dh, fc),)
+    return (_pallas_backward(dh.astype(fc.dtype), fc, tuning.ElementwiseConfig(),
+                             interpret=impl == "pallas_interpret"),)
 
 
 _swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
-def _pallas_backward(dh: jax.Array, gate: jax.Array, up: jax.Array, config: tuning.ElementwiseConfig, *,
-                     interpret: bool) -> tuple[jax.Array, jax.Array]:
-    """The kernel over the flattened arrays, ``config.block`` elements per program (the last block masked)."""
-    shape, n = gate.shape, gate.size
-    block = min(config.block, pl.next_power_of_2(n))
-    spec = pl.BlockSpec((block,), lambda i: (i,))
-    dgate, dup = pl.pallas_call(
-        functools.partial(_backward_kernel, n=n),
-        grid=(pl.cdiv(n, block),),
-        in_specs=[spec, spec, spec],
-        out_specs=[spec, spec],
-        out_shape=[jax.ShapeDtypeStruct((n,), gate.dtype)] * 2,
+def _pow2_divisor(n: int, cap: int) -> int:
+    """The largest power of two that divides ``n`` and is at most ``cap``."""
+    return math.gcd(n, 1 << (max(cap, 1).bit_length() - 1))
+
+
+def _pallas_backward(dh: jax.Array, fc: jax.Array, config: tuning.ElementwiseConfig, *, interpret: bool
+                     ) -> jax.Array:
+    """The kernel over ``fc`` seen as ``[N, 2, F]`` and ``dh`` as ``[N, F]``: each program one ``[rows, cols]`` tile
+    of each half, about ``config.block`` elements (``cols`` and ``rows`` powers of two dividing ``F`` and ``N``, so
+    no tile is partial)."""
+    shape, f = fc.shape, fc.shape[-1] // 2
+    n = math.prod(shape[:-1])
+    cols = _pow2_divisor(f, config.block)
+    rows = _pow2_divisor(n, config.block // cols)
+    dfc = pl.pallas_call(
+        _backward_kernel,
+        grid=(n // rows, f // cols),
+        in_specs=[pl.BlockSpec((rows, cols), lambda i, j: (i, j)),
+                  pl.BlockSpec((rows, 2, cols), lambda i, j: (i, 0, j))],
+        out_specs=pl.BlockSpec((rows, 2, cols), lambda i, j: (i, 0, j)),
+        out_shape=jax.ShapeDtypeStruct((n, 2, f), fc.dtype),
         compiler_params=pltriton.CompilerParams(num_warps=config.launch.num_warps,
                                                 num_stages=config.launch.num_stages),
         interpret=interpret,
         name="swiglu_bwd",
-    )(dh.reshape(n), gate.reshape(n), up.reshape(n))
-    return dgate.reshape(shape), dup.reshape(shape)
+    )(dh.reshape(n, f), fc.reshape(n, 2, f))
+    return dfc.reshape(shape)
 
 
-def _backward_kernel(dh_ref, gate_ref, up_ref, dgate_ref, dup_ref, *, n: int):
-    """Every ref ``[block]``: this program's elements of the flattened tensors; past ``n`` masked."""
-    block = gate_ref.shape[0]
-    mask = None
-    if n % block:
-        mask = pl.program_id(0) * block + jnp.arange(block) < n
-
-    def load(ref):
-        return (ref[...] if mask is None else pltriton.load(ref, mask=mask, other=0.0)).astype(F32)
-
-    d, g, u = load(dh_ref), load(gate_ref), load(up_ref)
+def _backward_kernel(dh_ref, fc_ref, dfc_ref):
+    """``dh_ref [rows, cols]``; ``fc_ref``, ``dfc_ref [rows, 2, cols]``: this tile of ``gate`` (``[:, 0]``) and ``up``
+    (``[:, 1]``), and of their gradients."""
+    d, g, u = dh_ref[...].astype(F32), fc_ref[:, 0, :].astype(F32), fc_ref[:, 1, :].astype(F32)
     s = jax.nn.sigmoid(g)
-    dgate = (d * u * s * (1 + g * (1 - s))).astype(dgate_ref.dtype)
-    dup = (d * g * s).astype(dup_ref.dtype)
-    if mask is None:
-        dgate_ref[...], dup_ref[...] = dgate, dup
-    else:
-        pltriton.store(dgate_ref, dgate, mask=mask)
-        pltriton.store(dup_ref, dup, mask=mask)
+    dfc_ref[:, 0, :] = (d * u * s * (1 + g * (1 - s))).astype(dfc_ref.dtype)
+    dfc_ref[:, 1, :] = (d * g * s).astype(dfc_ref.dtype)

@@ -226,10 +226,9 @@ def context_halo(x: jax.Array, segment_ids: jax.Array | None, n: int, context: s
 class MLP(nnx.Module):
     """SwiGLU: ``linear_fc2(silu(gate) * up)`` with ``[gate | up] = linear_fc1(x)`` (``D -> 2F -> D``). ``[B,T,D]``.
 
-    ``linear_fc1`` is one ``[D, 2F]`` parameter (Megatron's layout), but ``gate`` and ``up`` are two matmuls on its
-    halves: with one matmul split in two, the backward concatenates d(gate) and d(up) into a ``[B, T, 2F]`` tensor
-    for the weight and input gradients (its cost: benchmarks/NOTES.md). ``silu(gate) * up`` is
-    :func:`hybrid_jax.kernels.swiglu.swiglu` (its backward one Pallas kernel on a GPU)."""
+    ``linear_fc1`` is one ``[D, 2F]`` parameter (Megatron's layout) and one matmul; ``silu(gate) * up`` is
+    :func:`hybrid_jax.kernels.swiglu.swiglu` on its output, whose backward (one Pallas kernel on a GPU) writes
+    ``d [gate | up]`` whole: the input and weight gradients are then one matmul each over ``2F``."""
 
     def __init__(self, cfg: ConfigDict, *, rngs: nnx.Rngs):
         self.linear_fc1 = dense(cfg, cfg.hidden_size, 2 * cfg.ffn_size, rngs=rngs)
@@ -237,11 +236,7 @@ class MLP(nnx.Module):
         self.kernel_impl = cfg.kernel_impl
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        fc1 = self.linear_fc1
-        x, w = fc1.promote_dtype((x, fc1.kernel[...]), dtype=fc1.dtype)
-        half = w.shape[1] // 2
-        gate, up = jnp.dot(x, w[:, :half]), jnp.dot(x, w[:, half:])
-        return self.linear_fc2(swiglu(gate, up, impl=self.kernel_impl))
+        return self.linear_fc2(swiglu(self.linear_fc1(x), impl=self.kernel_impl))
 
 
 # --------------------------------------------------------------------------------------------- recurrent helpers

@@ -261,23 +261,29 @@ def test_group_rms_norm_normalises_each_group_after_the_gate():
     np.testing.assert_allclose(out / np.sign(gated), np.abs(out), rtol=1e-6)  # same signs: the gate came first
 
 
-def test_mlp_is_swiglu_without_an_activation_sized_concatenate(cfg):
-    """The MLP computes ``fc2(silu(gate) * up)`` with ``[gate | up] = x fc1``, and its gradient (input and weights)
-    concatenates nothing as large as ``[B, T, 2F]`` (two matmuls on the halves of fc1, not one split in two)."""
+def test_mlp_is_swiglu_with_one_matmul_per_gradient(cfg):
+    """The MLP computes ``fc2(silu(gate) * up)`` with ``[gate | up] = x fc1``; ``fc1`` is one matmul and so is each of
+    its gradients (input and weight, contracting over or producing ``2F`` at once), and with the kernel the backward
+    concatenates nothing as large as ``[B, T, 2F]`` (the kernel writes ``d [gate | up]`` whole)."""
     mlp = MLP(cfg, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(2), (B, T, cfg.hidden_size))
     h = np.asarray(x, np.float64) @ _np(mlp.linear_fc1.kernel)
     gate, up = np.split(h, 2, axis=-1)
     want = (_silu(gate) * up) @ _np(mlp.linear_fc2.kernel)
     assert rel_err(apply(mlp, x), want) < 1e-5
+    mlp.kernel_impl = "pallas_interpret"
     graphdef, state = nnx.split(mlp)
 
     def loss(state, x):
         return jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
 
-    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(state, x).jaxpr
-    sizes = [int(np.prod(e.outvars[0].aval.shape)) for e in jaxpr_equations(jaxpr) if e.primitive.name == "concatenate"]
-    assert all(size < B * T * 2 * cfg.ffn_size for size in sizes), sizes
+    eqns = jaxpr_equations(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(state, x).jaxpr)
+    wide = 2 * cfg.ffn_size
+    dots = [[v.aval.shape for v in (*e.invars, *e.outvars)] for e in eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 6, dots  # fc1 and fc2, then per weight its input and weight gradient
+    assert sum(any(s[-1:] == (wide,) and len(s) == 3 for s in d) for d in dots) == 3, dots  # fc1, d x, d fc1
+    sizes = [int(np.prod(e.outvars[0].aval.shape)) for e in eqns if e.primitive.name == "concatenate"]
+    assert all(size < B * T * wide for size in sizes), sizes
 
 
 def test_token_lookup_gradient_is_a_float32_sum_per_id():
