@@ -9,7 +9,9 @@ The state is a plain dict (what Orbax saves):
 
 A step whose loss, gradient norm, update norm or updated weights' or optimizer state's norm is not finite (a
 norm that overflows float32 counts) leaves ``params`` and ``opt_state`` bit-identical (a ``jnp.where`` on every
-leaf inside the step), and only the counters move.
+leaf inside the step), and only the counters move. The optimizer goes over the weights twice for that: once for
+the norms alone, once more (the same update computed again) for what is written, so that the new weights never
+make a round trip through memory.
 """
 
 from __future__ import annotations
@@ -73,10 +75,58 @@ def state_shardings(abstract_state: State, mesh: Mesh, *, zero1: bool) -> dict[s
     return out
 
 
-def _finite_norm(tree: Any) -> jax.Array:
-    """True when the global norm of ``tree``'s floating-point leaves is finite (no NaN, inf or float32 overflow)."""
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
-    return jnp.isfinite(optax.global_norm(leaves))
+def _optimizer_step(tx: optax.GradientTransformation, grads: Any, old: State) -> tuple[Any, State]:
+    """One ``tx`` update of ``old = dict(params, opt_state)`` by ``grads`` (like ``params``):
+    ``(updates, dict(params=new params, opt_state=new opt_state))``."""
+    updates, opt_state = tx.update(grads, old["opt_state"], old["params"])
+    return updates, dict(params=optax.apply_updates(old["params"], updates), opt_state=opt_state)
+
+
+def _sum_of_squares(trees: list[Any]) -> jax.Array:
+    """float32 sum of ``x**2`` over every element of the floating-point leaves of ``trees``, ``N`` pytrees of one
+    structure: per leaf position the ``N`` arrays' squares are added element-wise, then reduced once.
+
+    One reduction per weight rather than ``N``: XLA then fuses everything that produces the ``N`` arrays (the update,
+    the new weights, the new moments) into it, instead of writing a shared producer out to feed several reductions.
+    """
+
+    def per_position(*xs: jax.Array) -> jax.Array:
+        squares = [jnp.square(x.astype(jnp.float32)) for x in xs if jnp.issubdtype(x.dtype, jnp.floating)]
+        return jnp.sum(sum(squares[1:], squares[0])) if squares else jnp.zeros((), jnp.float32)
+
+    return sum(jax.tree.leaves(jax.tree.map(per_position, *trees)), jnp.zeros((), jnp.float32))
+
+
+def _update_is_finite(tx: optax.GradientTransformation, grads: Any, old: State) -> jax.Array:
+    """Scalar bool: the global norm of the update, the new weights and the new optimizer state is finite (no NaN,
+    inf or float32 overflow; the norm is finite exactly when its square is).
+
+    Only this scalar leaves the pass: XLA fuses the update into one reduction per weight, which reads g, m, v, p and
+    writes nothing of a weight's size; :func:`_apply_if_finite` computes the update again for what is written. The
+    optimizer state's subtrees with the params' structure (Adam's moments) are summed per weight with the update and
+    the new weights (:func:`_sum_of_squares`), its other leaves (step counts) on their own.
+    """
+    updates, new = _optimizer_step(tx, grads, old)
+    structure = jax.tree.structure(new["params"])
+    like_params = lambda x: jax.tree.structure(x) == structure  # noqa: E731
+    parts = jax.tree.leaves(new["opt_state"], is_leaf=like_params)
+    moments = [x for x in parts if like_params(x)]
+    others = [x for x in parts if not like_params(x)]
+    return jnp.isfinite(_sum_of_squares([updates, new["params"], *moments]) + _sum_of_squares([others]))
+
+
+def _apply_if_finite(tx: optax.GradientTransformation, grads: Any, old: State, finite: jax.Array) -> State:
+    """``dict(params, opt_state)`` after the ``tx`` update where ``finite`` (scalar bool), else ``old``
+    bit-identically.
+
+    The update is the same computation as in :func:`_update_is_finite` (so the same bits), on ``old`` passed through
+    an optimization barrier with ``finite``: XLA can then neither merge the two passes (common subexpressions), which
+    would write the new weights out in the norm pass and read them back here, nor start this one before ``finite`` is
+    known. One element-wise pass per weight: read g, m, v, p; write p, m, v (in place: the state is donated).
+    """
+    finite, old = jax.lax.optimization_barrier((finite, old))
+    _, new = _optimizer_step(tx, grads, old)
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
 def split_micro_batches(batch: jax.Array, accum: int, shards: int) -> jax.Array:
@@ -137,13 +187,11 @@ def make_train_step(
         grads = jax.lax.with_sharding_constraint(grads, shardings["params"])
 
         grad_norm = optax.global_norm(grads)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        new = dict(params=optax.apply_updates(params, updates), opt_state=opt_state)
+        old = dict(params=params, opt_state=state["opt_state"])
         # the update and the updated weights too: finite grads can still give NaN or overflowing weights (a
         # huge lr, a damaged optimizer state); a norm that overflows float32 counts as non-finite
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _finite_norm((updates, new))
-        old = dict(params=params, opt_state=state["opt_state"])
-        kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _update_is_finite(tx, grads, old)
+        kept = _apply_if_finite(tx, grads, old, finite)
 
         bad = (~finite).astype(jnp.int32)
         out = dict(
