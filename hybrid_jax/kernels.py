@@ -9,8 +9,9 @@ Public entry points (shapes ``[batch, time, heads, dim]``; states float32 ``[B,H
 
 Beside them, four kernels the model uses through the same ``impl`` (``model.kernel_impl``):
 ``cross_entropy.softmax_grad`` (the loss's log-sum-exp and gradient over a chunk of logits), ``swiglu.swiglu``
-(``silu(gate) * up`` with a one-pass backward), ``short_conv.short_conv_silu`` (the short causal conv with SiLU,
-its backward two kernels: ``dpre`` once per output, then the input gradient) and ``gated_norm.gated_rms_norm`` (the
+(``silu(gate) * up`` on the MLP's ``[gate | up]``, its backward one pass that writes ``d[gate | up]``),
+``short_conv.short_conv_silu`` (the short causal conv with SiLU, its backward two kernels: ``dpre`` once per output,
+then the input gradient) and ``gated_norm.gated_rms_norm`` (the
 mixers' gated RMSNorm, its backward one kernel from the inputs).
 
 ``impl`` picks the implementation: ``"auto"`` (Pallas on GPU, XLA elsewhere), ``"xla"`` (chunked pure
