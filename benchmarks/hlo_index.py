@@ -50,13 +50,16 @@ class Instruction:
     """What an HLO instruction runs: its ``opcode``; for a fusion its ``kind`` (``kLoop``, ``kInput``, ``kOutput``,
     ``kCustom``) and ``fused``, the opcodes of the computation it calls (nested fusions included); for a custom call
     its ``target`` (``__cublas$lt$matmul``, ``__cudnn$fmhaSoftmax``, ``__gpu$xla.gpu.triton``, ...); ``flops``: the
-    FLOPs of the matmuls it runs (:func:`matmul_flops`; a fusion's are those of the dots it fuses), 0 for none."""
+    FLOPs of the matmuls it runs (:func:`matmul_flops`; a fusion's are those of the dots it fuses), 0 for none;
+    ``bytes``: the sizes of its result and of each operand, what a memory-bound kernel moves if it reads each operand
+    once (an upper bound where it reads only a slice of one, as a gather does of its table)."""
 
     opcode: str
     kind: str = ""
     target: str = ""
     fused: frozenset[str] = frozenset()
     flops: float = 0.0
+    bytes: int = 0
 
 
 def _unwrap(component: str) -> str:
@@ -107,7 +110,9 @@ def _common_prefix(paths: list[tuple[str, ...]]) -> int:
 
 class HloIndex:
     """The instructions of an optimized HLO module text (``compiled.as_text()``), found by name or kernel name;
-    ``computations`` (each one's instructions) and ``in_loops`` (those a while loop's body reaches).
+    ``computations`` (each one's instructions), ``in_loops`` (those a while loop's body reaches) and ``runs`` (the
+    computations the step executes as kernels of their own, not fused or applied ones: how many times each runs, a
+    loop body its loop's known trip count times).
 
     ``scopes[instruction]``: its :class:`Scope`. The Python frames all instructions share (the driver script, the
     jitted function's caller) are dropped from the paths, so a path starts inside the jitted function. The
@@ -127,11 +132,16 @@ class HloIndex:
         applied: set[str] = set()  # computations a reduce / sort / scatter applies
         aliases: dict[str, set[str]] = collections.defaultdict(set)  # kernel name -> instructions
         shapes: dict[str, list[tuple[int, ...]]] = {}  # name -> the dims of its result (each of a tuple's arrays)
+        sizes: dict[str, list[int]] = {}  # name -> the bytes of each array of its result
+        operand_names: dict[str, list[tuple[str, str]]] = {}  # name -> its operands (name, tuple index or "")
+        runs_in: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)  # callee -> (caller, times)
+        entry = ""
         own: dict[str, Instruction] = {}  # name -> what it runs, without the computation it calls
         computation = ""
         for line in text.splitlines():
             if line[:1].strip() and line.rstrip().endswith("{"):  # a computation's header
                 computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+                entry = computation if line.startswith("ENTRY") else entry
                 continue
             if not (m := INSTRUCTION.match(line)):
                 continue
@@ -156,10 +166,21 @@ class HloIndex:
             source = f"{os.path.basename(stack[-1][0])}:{stack[-1][2]}" if stack else ""
             raw[name] = (functions, scopes, op, source)
             shapes[name] = _dims(shape)
+            sizes[name] = _array_bytes(shape)
+            operand_names[name] = re.findall(r"%([\w.\-]+)(?:#(\d+))?", operands)
+            if opcode in ("while", "conditional", "call"):  # computations whose ops run as kernels of their own
+                trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs) if opcode == "while" else None
+                for callee in re.findall(r"\b(?:body|condition|calls|to_apply|branch_computations|true_computation|"
+                                         r"false_computation)=\{?%([\w.\-]+)", attrs):
+                    runs_in[callee].append((computation, int(trip.group(1)) if trip else 1))
+                for callee in re.findall(r"%([\w.\-]+)", attrs.partition("branch_computations={")[2].partition("}")[0]):
+                    runs_in[callee].append((computation, 1))
             target = re.search(r'custom_call_target="([^"]+)"', attrs)
             kind = re.search(r"\bkind=(k\w+)", attrs)
             own[name] = Instruction(opcode, kind.group(1) if kind else "", target.group(1) if target else "",
-                                    flops=matmul_flops(opcode, attrs, shapes[name], _operand_dims(operands, shapes)))
+                                    flops=matmul_flops(opcode, attrs, shapes[name], _operand_dims(operands, shapes)),
+                                    bytes=sum(sizes[name]) + sum(_operand_bytes(sizes.get(o, []), k)
+                                                                 for o, k in operand_names[name]))
             aliases[re.sub(r"\W", "_", name)].add(name)
             if c := re.search(r"\bcalls=%([\w.\-]+)", rest):
                 calls[name] = c.group(1)
@@ -184,6 +205,7 @@ class HloIndex:
         self.instructions = self._with_fused(own, fused, calls)
         self.computations = dict(fused)  # computation -> its instructions, in order
         self.in_loops = self._reached(bodies, callees)
+        self.runs = self._runs(entry, runs_in)
 
     @staticmethod
     def _reached(bodies: set[str], callees: dict[str, set[str]]) -> frozenset[str]:
@@ -195,6 +217,21 @@ class HloIndex:
                 reached.add(name)
                 todo.extend(callees.get(name, ()))
         return frozenset(reached)
+
+    @staticmethod
+    def _runs(entry: str, runs_in: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+        """Per computation executed on its own (the entry and what its ``while``, ``conditional`` and ``call``
+        instructions run, nested): its runs per step, each caller's runs times the trip count (1
+        where unknown; every branch of a conditional counted as run)."""
+        memo: dict[str, int] = {entry: 1} if entry else {}
+
+        def runs(comp: str, seen: frozenset[str] = frozenset()) -> int:
+            if comp not in memo:
+                memo[comp] = sum(runs(caller, seen | {comp}) * times for caller, times in runs_in.get(comp, ())
+                                 if caller not in seen)
+            return memo[comp]
+
+        return {comp: n for comp in [entry, *runs_in] if comp and (n := runs(comp))}
 
     @staticmethod
     def _with_fused(own: dict[str, Instruction], computations: dict[str, list[str]], calls: dict[str, str]
@@ -325,6 +362,22 @@ def _closing(text: str, start: int) -> int:
         if depth == 0:
             return i
     return len(text)
+
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+               "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def _array_bytes(shape: str) -> list[int]:
+    """The bytes of each array in a shape's text: ``(bf16[8,32]{1,0}, f32[4]{0})`` -> ``[512, 16]`` (4 per element
+    of an unknown type)."""
+    return [DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in re.findall(r"\d+", dims))
+            for dtype, dims in re.findall(r"\b([a-z]\w*)\[([^\]]*)\]", shape)]
+
+
+def _operand_bytes(arrays: list[int], index: str) -> int:
+    """An operand's bytes: ``%x#1`` (a tuple's element ``1``, in the printer's short form) its array's, ``%x`` all."""
+    return arrays[int(index)] if index and int(index) < len(arrays) else sum(arrays)
 
 
 def _dims(shape: str) -> list[tuple[int, ...]]:

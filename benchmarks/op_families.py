@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from benchmarks.hlo_index import Instruction, Scope
+from benchmarks.hlo_index import HloIndex, Instruction, Scope
 
 FAMILIES = ("LM head and loss", "embedding", "MLP matmuls", "MLP element-wise", "mixer projections",
             "mixer element-wise", "recurrent kernels", "attention", "norms", "optimizer", "copies/transposes",
@@ -109,6 +109,27 @@ def classify(scope: Scope, ins: Instruction) -> str:
         matmul, rest = FAMILY_OF[kind]
         return matmul if is_matmul(ins) else rest
     return "optimizer" if scope.path else "other"
+
+
+# instructions that launch no kernel of their own (a loop's or call's ops are counted in its computation; an async
+# collective's pair by its start)
+NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
+             "after-all", "partition-id", "replica-id", "async-done", "all-gather-done", "all-reduce-done",
+             "collective-permute-done", "copy-done"}
+
+
+def family_bytes(index: HloIndex) -> dict[str, float]:
+    """Per family (:data:`FAMILIES` order), the bytes per step that the compiled step's kernels read and write, by
+    ``Instruction.bytes`` (each operand counted whole) times the runs of the computation it is in
+    (``HloIndex.runs``): a GPU-free estimate of each family's memory traffic, for a step compiled for a device
+    without running it."""
+    total = dict.fromkeys(FAMILIES, 0.0)
+    for computation, runs in index.runs.items():
+        for name in index.computations.get(computation, ()):
+            ins = index.instructions[name]
+            if ins.opcode not in NO_KERNEL:
+                total[classify(index.scopes[name], ins)] += ins.bytes * runs
+    return total
 
 
 def family_table(rows: Iterable[tuple[str, float, float]], steps: int = 1) -> list[dict]:

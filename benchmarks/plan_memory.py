@@ -15,7 +15,9 @@ abstract=True)``) with the shardings the trainer gives it on a ``data x fsdp x c
   batch and accumulation) lowered on those abstract arguments and compiled for the mesh's devices, measured by
   the compiler's ``memory_analysis()``: peak = arguments + outputs - aliased (the donated state) + temporaries,
   per device; ``collectives``: the compiled step's collectives, counted inside loop bodies (per micro-batch) and
-  elsewhere (once per step).
+  elsewhere (once per step); ``family_gb``: the bytes its kernels read and write per step by op family
+  (``op_families.family_bytes``: where a change moves memory traffic, before any GPU times it; with ``--gpu`` the
+  GPU compiler's fusions).
 
 ``--context`` (default: the config's ``mesh.context``) splits each sequence over that many devices more; the batch
 is split over ``data x fsdp`` only. ``--cpu`` compiles for ``data x fsdp x context`` host CPU devices
@@ -51,7 +53,7 @@ from ml_collections import ConfigDict
 
 from benchmarks import configs, record
 from benchmarks.hlo_index import HloIndex
-from benchmarks.op_families import COLLECTIVES
+from benchmarks.op_families import COLLECTIVES, family_bytes
 from hybrid_jax.model import count_params
 from hybrid_jax.train.trainer import build_trainer
 
@@ -106,13 +108,15 @@ def plan(config: ConfigDict, devices: list, *, compile_step: bool = True) -> dic
     print(f"lowered in {t1 - t0:.0f} s; compiling (a large step can take minutes)", file=sys.stderr, flush=True)
     compiled = lowered.compile()
     stats = compiled.memory_analysis()
+    index = HloIndex(compiled.as_text())
     t2 = time.perf_counter()
     peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
             + stats.temp_size_in_bytes)
     out.update(
         compiled=dict(argument_gib=stats.argument_size_in_bytes / GIB, output_gib=stats.output_size_in_bytes / GIB,
                       alias_gib=stats.alias_size_in_bytes / GIB, temp_gib=stats.temp_size_in_bytes / GIB,
-                      peak_gib=peak / GIB, collectives=collective_counts(compiled.as_text())),
+                      peak_gib=peak / GIB, collectives=collective_counts(index),
+                      family_gb={k: v / 1e9 for k, v in family_bytes(index).items() if v}),
         lower_s=t1 - t0, compile_s=t2 - t1,
     )
     return out
@@ -139,12 +143,11 @@ def compile_only_gpus(spec: str, n: int, ap: argparse.ArgumentParser) -> list:
                  f"'jax[cuda13]'): {str(e).splitlines()[0]}")
 
 
-def collective_counts(hlo: str) -> dict[str, dict[str, int]]:
+def collective_counts(index: HloIndex) -> dict[str, dict[str, int]]:
     """``{"in_loops": {op: n}, "elsewhere": {op: n}}``: the collectives (``op_families.COLLECTIVES``) of a compiled
-    module's text, those in a computation a while loop's body reaches (``HloIndex.in_loops``: run once per
+    module, those in a computation a while loop's body reaches (``HloIndex.in_loops``: run once per
     iteration, per micro-batch in the accumulation scan; an async collective's wrapped computation too) apart from
     the rest (an async pair counts once, by its start)."""
-    index = HloIndex(hlo)
     counts: dict[str, dict[str, int]] = {"in_loops": {}, "elsewhere": {}}
     for computation, names in index.computations.items():
         where = counts["in_loops" if computation in index.in_loops else "elsewhere"]
@@ -164,7 +167,9 @@ def summary(result: dict) -> str:
     if "compiled" in result:
         c = result["compiled"]
         line += (f"; compiled step peak {c['peak_gib']:.2f} GiB per device (temporaries {c['temp_gib']:.2f}), "
-                 f"compile {result['lower_s'] + result['compile_s']:.0f} s")
+                 f"compile {result['lower_s'] + result['compile_s']:.0f} s\nbytes read and written per step by op "
+                 "family (each operand counted whole): " + ", ".join(
+                     f"{k} {v:.1f} GB" for k, v in sorted(c["family_gb"].items(), key=lambda kv: -kv[1])))
     return line
 
 

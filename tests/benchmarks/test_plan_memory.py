@@ -6,6 +6,8 @@ import json
 import jax
 
 from benchmarks import plan_memory
+from benchmarks.hlo_index import HloIndex
+from benchmarks.op_families import family_bytes
 from tests.conftest import REPO
 
 
@@ -17,6 +19,7 @@ def test_plan_memory_with_a_context_axis(tmp_path, capsys):
     assert figures["mesh"] == {"data": 2, "fsdp": 1, "context": 4} and figures["devices"] == 8
     assert figures["global_batch_size"] == 2 * figures["micro_batch_size"]
     assert figures["compiled"]["peak_gib"] > 0
+    assert figures["compiled"]["family_gb"]["MLP matmuls"] > 0 and figures["compiled"]["family_gb"]["optimizer"] > 0
     counted = figures["compiled"]["collectives"]["elsewhere"]  # context halos, the mirror swap, the latent gather
     assert counted["collective-permute"] > 0 and counted["all-gather"] > 0
 
@@ -41,8 +44,39 @@ ENTRY %main (t: (s32[], f32[4])) -> f32[4] {
   %cp = f32[4]{0} collective-permute(%y), source_target_pairs={{0,1}}
 }
 """
-    assert plan_memory.collective_counts(hlo) == {"in_loops": {"all-reduce": 1, "all-gather": 1, "reduce-scatter": 1},
-                                                  "elsewhere": {"reduce-scatter": 1, "collective-permute": 1}}
+    assert plan_memory.collective_counts(HloIndex(hlo)) == {
+        "in_loops": {"all-reduce": 1, "all-gather": 1, "reduce-scatter": 1},
+        "elsewhere": {"reduce-scatter": 1, "collective-permute": 1}}
+
+
+def test_family_bytes_count_loop_trips_and_tuple_elements():
+    """A loop body's kernels count once per known trip; ``%x#1`` reads the tuple's second array only; parameters,
+    tuples and the loop itself move nothing; fused and applied computations are not kernels of their own."""
+    hlo = """HloModule m
+
+%fused_mul (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  ROOT %m = f32[4]{0} multiply(%a, %a)
+}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  %x = f32[4]{0} get-tuple-element(%p), index=1
+  %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_mul, metadata={op_name="jit(step)/batch_loss/MLP/mul"}
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %f)
+}
+
+ENTRY %main (t: (s32[], f32[4])) -> bf16[8] {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %c = bf16[8]{0} fusion(%w#1), kind=kLoop, calls=%fused_mul, metadata={op_name="jit(step)/adam/convert"}
+}
+"""
+    index = HloIndex(hlo)
+    assert index.runs == {"main": 1, "body": 3, "cond": 3}
+    assert index.instructions["c"].bytes == 16 + 16  # bf16[8] written, f32[4] (the tuple's element 1) read
+    got = {k: v for k, v in family_bytes(index).items() if v}
+    assert got == {"MLP element-wise": 3 * 32, "optimizer": 32}
 
 
 def test_mock_gpus_and_cpu_exclude_each_other(capsys):
