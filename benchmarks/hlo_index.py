@@ -170,8 +170,8 @@ class HloIndex:
             operand_names[name] = re.findall(r"%([\w.\-]+)(?:#(\d+))?", operands)
             if opcode in ("while", "conditional", "call"):  # computations whose ops run as kernels of their own
                 trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs) if opcode == "while" else None
-                for callee in re.findall(r"\b(?:body|condition|calls|to_apply|branch_computations|true_computation|"
-                                         r"false_computation)=\{?%([\w.\-]+)", attrs):
+                for callee in re.findall(r"\b(?:body|condition|calls|to_apply|true_computation|false_computation)"
+                                         r"=%([\w.\-]+)", attrs):
                     runs_in[callee].append((computation, int(trip.group(1)) if trip else 1))
                 for callee in re.findall(r"%([\w.\-]+)", attrs.partition("branch_computations={")[2].partition("}")[0]):
                     runs_in[callee].append((computation, 1))

@@ -50,8 +50,9 @@ ENTRY %main (t: (s32[], f32[4])) -> f32[4] {
 
 
 def test_family_bytes_count_loop_trips_and_tuple_elements():
-    """A loop body's kernels count once per known trip; ``%x#1`` reads the tuple's second array only; parameters,
-    tuples and the loop itself move nothing; fused and applied computations are not kernels of their own."""
+    """A loop body's kernels count once per known trip, a conditional's branches once; ``%x#1`` reads the tuple's
+    second array only; parameters, tuples, the loop and the conditional move nothing; fused computations are not
+    kernels of their own."""
     hlo = """HloModule m
 
 %fused_mul (a: f32[4]) -> f32[4] {
@@ -66,17 +67,23 @@ def test_family_bytes_count_loop_trips_and_tuple_elements():
   ROOT %t = (s32[], f32[4]{0}) tuple(%i, %f)
 }
 
+%b0 (q: f32[4]) -> f32[4] {
+  %q = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%q), metadata={op_name="jit(step)/adam/neg"}
+}
+
 ENTRY %main (t: (s32[], f32[4])) -> bf16[8] {
   %t = (s32[], f32[4]{0}) parameter(0)
   %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %k = f32[4]{0} conditional(%i, %x, %x), branch_computations={%b0, %b1}
   ROOT %c = bf16[8]{0} fusion(%w#1), kind=kLoop, calls=%fused_mul, metadata={op_name="jit(step)/adam/convert"}
 }
 """
     index = HloIndex(hlo)
-    assert index.runs == {"main": 1, "body": 3, "cond": 3}
+    assert index.runs == {"main": 1, "body": 3, "cond": 3, "b0": 1, "b1": 1}  # each branch counted as run
     assert index.instructions["c"].bytes == 16 + 16  # bf16[8] written, f32[4] (the tuple's element 1) read
     got = {k: v for k, v in family_bytes(index).items() if v}
-    assert got == {"MLP element-wise": 3 * 32, "optimizer": 32}
+    assert got == {"MLP element-wise": 3 * 32, "optimizer": 32 + 32}
 
 
 def test_mock_gpus_and_cpu_exclude_each_other(capsys):
