@@ -41,9 +41,8 @@ import jax.numpy as jnp
 from benchmarks import record
 from benchmarks.configs import CONFIG_DIR, load
 from hybrid_jax import kernels
-from hybrid_jax.kernels.reference import naive_recurrence
 from hybrid_jax.kernels.registry import OPS
-from hybrid_jax.kernels.tooling.calls import call
+from hybrid_jax.kernels.tooling.calls import as_float32, call
 from hybrid_jax.kernels.tooling.errors import rel_rms
 from hybrid_jax.kernels.tooling.inputs import inputs
 from hybrid_jax.kernels.tooling.problems import Problem
@@ -133,9 +132,8 @@ def accuracy(p: Problem, n: int, impl: str) -> dict:
     (the kernel call on the whole sequence, as a mixer makes it without context)."""
     whole = dataclasses.replace(p, T=n * p.T)
     x = inputs(whole, initial_state=False)
-    beta = x["beta"].astype(F32) if p.delta else None
-    ref = jax.jit(lambda x: naive_recurrence(x["q"].astype(F32), x["k"].astype(F32), x["v"].astype(F32), x["g"],
-                                             beta, scale=p.scale, use_qk_l2norm=p.delta)[0])(x)
+    with jax.default_matmul_precision("highest"):  # float32 products, not TF32 (as calls.reference_run)
+        ref = jax.jit(lambda x: call(whole, x, "naive")[0])(as_float32(x))
     plain = jax.jit(lambda x: call(whole, x, impl)[0])(x)
     split = {k: v.reshape(v.shape[0], n, p.T, *v.shape[2:]).swapaxes(0, 1) for k, v in x.items()}
     shards = jax.jit(jax.vmap(shard_fn(p, "context", impl), axis_name="context"))(split)
