@@ -64,6 +64,7 @@ MOVES = {"copy", "transpose", "concatenate", "slice", "dynamic-slice", "dynamic-
          "bitcast", "reshape", "broadcast", "copy-start", "copy-done", "parameter", "constant", "tuple",
          "get-tuple-element", "iota"}
 MATMULS = {"dot", "convolution"}
+INERT = {"parameter", "constant", "tuple", "get-tuple-element"}  # name values, run nothing
 
 
 def _base(opcode: str) -> str:
@@ -86,8 +87,8 @@ def moves_only(ins: Instruction) -> bool:
     """Pure data movement: a copy, transpose, concatenate, slice, pad ... or a fusion of nothing else (a fusion of
     parameters and bitcasts only moves nothing: its scope decides)."""
     if ins.opcode == "fusion":
-        return bool(ins.fused - {"parameter", "bitcast", "tuple", "get-tuple-element"}) and ins.fused <= MOVES
-    return ins.opcode in MOVES - {"parameter", "constant", "tuple", "get-tuple-element"}
+        return bool(ins.fused - INERT - {"bitcast"}) and ins.fused <= MOVES
+    return ins.opcode in MOVES - INERT
 
 
 def marker(path: tuple[str, ...]) -> str | None:
@@ -111,11 +112,9 @@ def classify(scope: Scope, ins: Instruction) -> str:
     return "optimizer" if scope.path else "other"
 
 
-# instructions that launch no kernel of their own (a loop's or call's ops are counted in its computation; an async
-# collective's pair by its start)
-NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
-             "after-all", "partition-id", "replica-id", "async-done", "all-gather-done", "all-reduce-done",
-             "collective-permute-done", "copy-done"}
+# instructions that launch no kernel of their own (a loop's or call's ops are counted in its computation), beside
+# the second halves of async pairs (``*-done``: a pair counts once, by its start)
+NO_KERNEL = INERT | {"bitcast", "while", "conditional", "call", "after-all", "partition-id", "replica-id"}
 
 
 def family_bytes(index: HloIndex) -> dict[str, float]:
@@ -127,7 +126,7 @@ def family_bytes(index: HloIndex) -> dict[str, float]:
     for computation, runs in index.runs.items():
         for name in index.computations.get(computation, ()):
             ins = index.instructions[name]
-            if ins.opcode not in NO_KERNEL:
+            if ins.opcode not in NO_KERNEL and not ins.opcode.endswith("-done"):
                 total[classify(index.scopes[name], ins)] += ins.bytes * runs
     return total
 

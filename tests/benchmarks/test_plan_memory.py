@@ -51,8 +51,8 @@ ENTRY %main (t: (s32[], f32[4])) -> f32[4] {
 
 def test_family_bytes_count_loop_trips_and_tuple_elements():
     """A loop body's kernels count once per known trip, a conditional's branches once; ``%x#1`` reads the tuple's
-    second array only; parameters, tuples, the loop and the conditional move nothing; fused computations are not
-    kernels of their own."""
+    second array only; parameters, tuples, the loop and the conditional move nothing, nor an async pair's done;
+    fused computations are not kernels of their own."""
     hlo = """HloModule m
 
 %fused_mul (a: f32[4]) -> f32[4] {
@@ -76,6 +76,8 @@ ENTRY %main (t: (s32[], f32[4])) -> bf16[8] {
   %t = (s32[], f32[4]{0}) parameter(0)
   %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
   %k = f32[4]{0} conditional(%i, %x, %x), branch_computations={%b0, %b1}
+  %fs = ((f32[4]{0}), f32[4]{0}) fusion-start(%k), kind=kLoop, calls=%fused_mul, metadata={op_name="jit(step)/adam/m"}
+  %fd = f32[4]{0} fusion-done(%fs)
   ROOT %c = bf16[8]{0} fusion(%w#1), kind=kLoop, calls=%fused_mul, metadata={op_name="jit(step)/adam/convert"}
 }
 """
@@ -83,7 +85,7 @@ ENTRY %main (t: (s32[], f32[4])) -> bf16[8] {
     assert index.runs == {"main": 1, "body": 3, "cond": 3, "b0": 1, "b1": 1}  # each branch counted as run
     assert index.instructions["c"].bytes == 16 + 16  # bf16[8] written, f32[4] (the tuple's element 1) read
     got = {k: v for k, v in family_bytes(index).items() if v}
-    assert got == {"MLP element-wise": 3 * 32, "optimizer": 32 + 32}
+    assert got == {"MLP element-wise": 3 * 32, "optimizer": 32 + 32 + 48}  # an async pair by its start alone
 
 
 def test_mock_gpus_and_cpu_exclude_each_other(capsys):
