@@ -124,14 +124,18 @@ def test_context_parallel_shard_lowers_to_triton(arch: str, op: str):
 @pytest.mark.parametrize("use_bias, documents", [(True, True), (False, False)], ids=["bias_documents", "plain"])
 def test_short_conv_backward_is_two_triton_calls(arch: str, use_bias: bool, documents: bool):
     """The short conv's gradient (K 4, T 300 and C 200: ragged tiles) is two Pallas launches (dpre with the weight
-    sums, then dxp), for Mamba2's conv (a bias) with packed documents and for GDN's and KDA's (no bias) without."""
+    sums, then dxp), for Mamba2's conv (a bias) with packed documents, unpadded and its output in three pieces, and
+    for GDN's and KDA's (no bias) without."""
     B, T, C, K = 2, 300, 200, 4
-    ids = jax.ShapeDtypeStruct((B, K - 1 + T), jnp.int32) if documents else None
-    args = (jax.ShapeDtypeStruct((B, K - 1 + T, C), jnp.float32), jax.ShapeDtypeStruct((K, C), jnp.float32),
+    S = T if documents else K - 1 + T
+    ids = jax.ShapeDtypeStruct((B, S), jnp.int32) if documents else None
+    args = (jax.ShapeDtypeStruct((B, S, C), jnp.float32), jax.ShapeDtypeStruct((K, C), jnp.float32),
             jax.ShapeDtypeStruct((C,), jnp.float32) if use_bias else None, ids)
 
     def loss(xp, w, bias, ids):
-        return short_conv_silu(xp, w, bias, ids, out_dtype=jnp.bfloat16, impl="pallas").astype(jnp.float32).sum()
+        y = short_conv_silu(xp, w, bias, ids, out_dtype=jnp.bfloat16, impl="pallas", padded=not documents,
+                            split=(64, 64, 72) if documents else None)
+        return sum(p.astype(jnp.float32).sum() for p in (y if documents else [y]))
 
     assert lower(jax.grad(loss, argnums=(0, 1, 2)), args, arch).count(TRITON_CALL) == 2
 

@@ -1,5 +1,8 @@
 """The short conv's backward kernel (interpret mode) and its XLA form against autodiff of the conv written out (the
-arithmetic ``ShortConv`` had before it had a kernel), at a ragged T and C, with and without a bias and documents."""
+arithmetic ``ShortConv`` had before it had a kernel), at a ragged T and C, with and without a bias and documents, on
+a padded ``xp`` and on ``x`` at a sequence's start (``padded=False``)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -41,18 +44,24 @@ def inputs(C: int, use_bias: bool, documents: bool, out_dtype):
 @pytest.mark.parametrize("use_bias", [False, True])
 @pytest.mark.parametrize("documents", [False, True])
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
-def test_gradients_match_autodiff(C, use_bias, documents, out_dtype):
+@pytest.mark.parametrize("padded", [True, False])
+def test_gradients_match_autodiff(C, use_bias, documents, out_dtype, padded):
     """T 37 (K-1+T = 40 rows: two row blocks, the second ragged), C 48 or 100 (ragged channel blocks); bfloat16: the
-    output rounded once, the gradients still float32 arithmetic from the same ``dy``."""
+    output rounded once, the gradients still float32 arithmetic from the same ``dy``. Unpadded: x is xp's last T
+    rows, the first K-1 zero in the reference."""
     assert (K - 1 + T) % tuning.ShortConvConfig().rows and C % tuning.ShortConvConfig().channels
     xp, w, bias, ids, same_doc, dy = inputs(C, use_bias, documents, out_dtype)
+    if not padded:
+        xp, ids = xp[:, K - 1 :], None if ids is None else ids[:, K - 1 :]
     args = (xp, w) if bias is None else (xp, w, bias)
-    want_y, vjp = jax.vjp(lambda xp, w, b=None: conv_autodiff(xp, w, b, same_doc, out_dtype), *args)
+    lead = 0 if padded else K - 1
+    want_y, vjp = jax.vjp(lambda xp, w, b=None: conv_autodiff(jnp.pad(xp, ((0, 0), (lead, 0), (0, 0))), w, b,
+                                                              same_doc, out_dtype), *args)
     want = vjp(dy)
     tol_y = 1e-5 if out_dtype == jnp.float32 else 8e-3
     for impl in ("pallas_interpret", "xla"):
         y, vjp = jax.vjp(lambda xp, w, b=None, impl=impl: short_conv_silu(xp, w, b, ids, out_dtype=out_dtype,
-                                                                           impl=impl), *args)
+                                                                           impl=impl, padded=padded), *args)
         assert y.dtype == out_dtype and y.shape == (B, T, C)
         np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want_y, np.float32), rtol=tol_y,
                                    atol=tol_y)
@@ -62,18 +71,49 @@ def test_gradients_match_autodiff(C, use_bias, documents, out_dtype):
 
 
 @pytest.mark.parametrize("tiles", [1, 2])
-def test_kernel_matches_its_reference(tiles):
+@pytest.mark.parametrize("padded", [True, False])
+def test_kernel_matches_its_reference(tiles, padded):
     """The kernel's ``(dxp, dw, dbias)`` against the XLA form at a tile of 16 x 32 (40 rows: three programs of one
-    tile, or two of two tiles, the second's first tile ragged and its second past the end)."""
+    tile, or two of two tiles, the second's first tile ragged and its second past the end); unpadded, x's rows
+    after K-1 zero rows of document -1 in the reference."""
     xp, w, bias, ids, _, dy = inputs(48, True, True, jnp.bfloat16)
     config = tuning.ShortConvConfig(rows=16, channels=32, tiles=tiles)
-    got = _pallas_backward(dy, xp, w, bias, ids, config, interpret=True)
-    for g, ref in zip(got, short_conv_backward_reference(dy, xp, w, bias, ids), strict=True):
+    if padded:
+        got = _pallas_backward(dy, xp, w, bias, ids, config, interpret=True)
+    else:  # the reference's xp: x after zero rows of document -1
+        xp = xp.at[:, : K - 1].set(0.0)
+        ids = ids.at[:, : K - 1].set(-1)
+        got = _pallas_backward(dy, xp[:, K - 1 :], w, bias, ids[:, K - 1 :], config, interpret=True, lead=K - 1)
+    want = list(short_conv_backward_reference(dy, xp, w, bias, ids))
+    want[0] = want[0] if padded else want[0][:, K - 1 :]
+    for g, ref in zip(got, want, strict=True):
         np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 def test_bad_input_is_one_line():
     with pytest.raises(ValueError, match="need xp"):
         short_conv_silu(jnp.zeros((2, 6, 3)), jnp.zeros((4, 5)), None, None, out_dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"segment_ids \[B, T\]"):
+        short_conv_silu(jnp.zeros((2, 6, 3)), jnp.zeros((4, 3)), None, jnp.zeros((2, 9), jnp.int32),
+                        out_dtype=jnp.float32, padded=False)
     with pytest.raises(ValueError, match="impl must be one of"):
         short_conv_silu(jnp.zeros((2, 6, 3)), jnp.zeros((4, 3)), None, None, out_dtype=jnp.float32, impl="triton")
+
+
+@pytest.mark.parametrize("split", [(64, 64, 72), (50, 150)], ids=["whole_blocks", "concatenated"])
+def test_split_output_has_the_same_values_and_gradients(split):
+    """``split``: y's channel pieces as arrays, the kernel reading their gradients where they lie (pieces of whole
+    64-channel blocks, the last ragged) or concatenated (a piece that ends inside a block); unpadded, with ids."""
+    xp, w, bias, ids, _, dy = inputs(200, True, True, jnp.bfloat16)
+    x, ids = xp[:, K - 1 :], ids[:, K - 1 :]
+    dys = tuple(jnp.split(dy, np.cumsum(split)[:-1], axis=-1))
+    for impl in ("pallas_interpret", "xla"):
+        def conv(x, w, b, split=None, impl=impl):
+            return short_conv_silu(x, w, b, ids, out_dtype=jnp.bfloat16, impl=impl, padded=False, split=split)
+
+        want_y, want_vjp = jax.vjp(conv, x, w, bias)
+        pieces, vjp = jax.vjp(functools.partial(conv, split=split), x, w, bias)
+        assert [p.shape[-1] for p in pieces] == list(split)
+        np.testing.assert_array_equal(jnp.concatenate(pieces, axis=-1), want_y)
+        for got, ref in zip(vjp(dys), want_vjp(dy), strict=True):
+            np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
