@@ -24,7 +24,7 @@ from hybrid_jax.data.run_tokenizer import run_tokenizer
 from hybrid_jax.data.tokenizer import Tokenizer
 from hybrid_jax.kernels.reference import l2_normalize
 from hybrid_jax.model import HybridLM
-from hybrid_jax.model.layers import lookup, split_heads
+from hybrid_jax.model.layers import lookup
 from hybrid_jax.model.plan import MIXERS
 from hybrid_jax.model.stack import BLOCK_NAMES
 
@@ -84,8 +84,8 @@ class Trace:
     ``tokens [T]``; ``logits [T,V]``; ``residual[0]`` is the embedding and ``residual[i + 1]`` the stream after
     sublayer ``i``, ``updates[i]`` sublayer ``i``'s ``f(norm(x))`` (``[T,D]`` each); ``internals[i]`` holds the
     block's sown values and its submodules' outputs (nested dict as ``nnx.capture`` names them, e.g.
-    ``["conv1d"]["__call__"]``); ``attention[i]``: ``[H,T,T]`` for each MLA sublayer ``i``; ``mixers[i]`` the
-    block module itself (for its head sizes and ``A_log``).
+    ``["conv1d"]["__call__"]``, the short conv's output pieces ``[T,h,d]``); ``attention[i]``: ``[H,T,T]`` for each
+    MLA sublayer ``i``; ``mixers[i]`` the block module itself (for its head sizes and ``A_log``).
     """
 
     tokens: np.ndarray
@@ -127,8 +127,7 @@ def run(model: HybridLM, tokens: np.ndarray, config: ConfigDict | None = None) -
     with attention_capture(model):
         logits, state = _capture(model, jnp.asarray(tokens, jnp.int32)[None])
     # each sown value is a 1-tuple of a [1, ...] array: keep the array, drop the batch dimension
-    values = jax.tree.map(lambda sown: np.asarray(sown[0][0], np.float32), nnx.to_pure_dict(state),
-                          is_leaf=lambda x: isinstance(x, tuple))
+    values = jax.tree.map(_first_row, nnx.to_pure_dict(state), is_leaf=lambda x: isinstance(x, tuple))
     layers = [values["layers"][i] for i in range(len(model.layers))]
     embedded = lookup(model.embedding, jnp.asarray(tokens, jnp.int32), model.embed.dtype)  # the model's own lookup
     residual = [np.asarray(embedded, np.float32)] + [layer["output"] for layer in layers]
@@ -143,6 +142,15 @@ def run(model: HybridLM, tokens: np.ndarray, config: ConfigDict | None = None) -
                  logits=np.asarray(logits[0], np.float32), residual=residual, updates=updates, internals=internals,
                  attention=attention, mixers=[layer.block for layer in model.layers],
                  labels=token_labels(np.asarray(tokens), config))
+
+
+def _first_row(sown: tuple) -> np.ndarray | list[np.ndarray]:
+    """A sown value, a 1-tuple of a ``[1, ...]`` array or of a list of them (a short conv's output pieces), as float32
+    without the batch dimension."""
+    value = sown[0]
+    if isinstance(value, (list, tuple)):
+        return [np.asarray(v[0], np.float32) for v in value]
+    return np.asarray(value[0], np.float32)
 
 
 @nnx.jit
@@ -226,17 +234,15 @@ def _probe(recurrence, *args: jax.Array) -> jax.Array:
 def recurrent_layer(trace: Trace, index: int) -> RecurrentLayer:
     """The state trajectory, gates and betas of recurrent sublayer ``index`` of ``trace``."""
     kind, mixer, inner = trace.kinds[index], trace.mixers[index], trace.internals[index]
-    conv = jnp.asarray(inner["conv1d"]["__call__"])[None]  # [1,T,C]: silu(conv([q|k|v])) or silu(conv([x|B|C]))
+    conv = [jnp.asarray(p) for p in inner["conv1d"]["__call__"]]  # [T,h,d] each: silu(conv(.)) of q|k|v or x|B|C
     if kind in ("gdn", "kda"):
-        sizes = ((mixer.hk, mixer.dk), (mixer.hk, mixer.dk), (mixer.hv, mixer.dv))
-        _, k, v = (x[0] for x in split_heads(conv, sizes))
+        _, k, v = conv
         recurrence = kernels.chunk_gated_delta_rule if kind == "gdn" else kernels.chunk_kda
         g, beta = inner["g"], inner["beta"]
         states = state_trajectory(recurrence, l2_normalize(k), v, g, beta)
         return RecurrentLayer(index, kind, states, g, beta, None, trace.labels)
     if kind == "mamba2":
-        sizes = ((mixer.nheads, mixer.head_dim), (mixer.groups, mixer.state), (mixer.groups, mixer.state))
-        x, b, _ = (y[0] for y in split_heads(conv, sizes))
+        x, b, _ = conv
         dt = inner["dt"]
         g = dt * -np.exp(np.asarray(mixer.A_log[...], np.float32))
         states = state_trajectory(kernels.chunk_simple_gla, b, dt[..., None] * x, g, None)

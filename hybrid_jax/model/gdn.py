@@ -25,12 +25,12 @@ from hybrid_jax.model.layers import (
     GatedRMSNorm,
     ShortConv,
     a_log_init,
+    column_pieces,
     decay_gate,
     dense,
     dt_bias_init,
     dtypes,
     sow,
-    split_heads,
 )
 from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, sequence_form, zero_padding
 
@@ -68,10 +68,9 @@ class GatedDeltaNet(RecurrentMixer):
         """``(y [B,T,D], final state, conv tail)``; ``conv(u) -> (conv output, tail)``; pads (``~valid``) masked."""
         B, T, _ = x.shape
         qk, vd = self.hk * self.dk, self.hv * self.dv
-        proj = self.in_proj(x)
-        qkv, z, b, a = jnp.split(proj, [2 * qk + vd, 2 * qk + 2 * vd, 2 * qk + 2 * vd + self.hv], axis=-1)
-        qkv, tail = conv(qkv)
-        q, k, v = split_heads(qkv, ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
+        qkv, zba = column_pieces(self.in_proj, x, (2 * qk + vd, vd + 2 * self.hv))
+        z, b, a = jnp.split(zba, [vd, vd + self.hv], axis=-1)
+        (q, k, v), tail = conv(qkv, ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         g = decay_gate(self.A_log[...], a, self.dt_bias[...])
         if valid is not None:

@@ -32,7 +32,6 @@ from hybrid_jax.model.layers import (
     dt_bias_init,
     dtypes,
     sow,
-    split_heads,
     torch_default_init,
 )
 from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, sequence_form, zero_padding
@@ -77,8 +76,7 @@ class KimiDeltaAttention(RecurrentMixer):
         qk, vd = self.hk * self.dk, self.hv * self.dv
         qkv, f_a, g_a, b = jnp.split(self.in_proj(x), [2 * qk + vd, 2 * qk + vd + self.dv, 2 * qk + vd + 2 * self.dv],
                                      axis=-1)
-        qkv, tail = conv(qkv)
-        q, k, v = split_heads(qkv, ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
+        (q, k, v), tail = conv(qkv, ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
         f = self.f_b_proj(f_a).reshape(B, T, self.hv, self.dk)
         g = decay_gate(self.A_log[...][:, None], f, self.dt_bias[...].reshape(self.hv, self.dk))
         beta = jax.nn.sigmoid(b.astype(jnp.float32))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import math
 
 import jax
@@ -27,6 +28,7 @@ from hybrid_jax.parallel.shards import previous_tail
 
 Initializer = nnx.initializers.Initializer
 ZEROS = nnx.initializers.zeros_init()
+Heads = tuple[tuple[int, int], ...]  # ((heads, head_dim), ...): channel pieces of h * d channels each
 
 
 # --------------------------------------------------------------------------------------------- initialisers
@@ -175,40 +177,47 @@ class ShortConv(nnx.Module):
         self.dtype = dtype
         self.kernel_impl = kernel_impl
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None,
+                 heads: Heads | None = None) -> jax.Array | list[jax.Array]:
         """Sums and SiLU in float32; the result in the compute dtype. ``context``: the mesh axis the time axis is
-        split over (``None``: the whole sequence is here). ``x`` is padded in its own dtype: the conv reads its taps
-        in float32, so that changes no value, only the bytes the backward reads and writes."""
+        split over (``None``: the whole sequence is here, its start the causal padding's zeros, which no array
+        holds). ``heads``: ``((h, d), ...)`` with ``sum(h*d) = C``: the output's channel pieces ``[B,T,h,d]``, each
+        its own array (no copy splits them, and no concatenation joins their gradients)."""
         K = self.kernel.shape[0]
         if context is not None:
-            return self._conv(*context_halo(x, segment_ids, K - 1, context))
-        if segment_ids is not None:  # the causal padding's rows are document -1: no output's document
-            segment_ids = jnp.pad(segment_ids, ((0, 0), (K - 1, 0)), constant_values=-1)
-        return self._conv(jnp.pad(x, ((0, 0), (K - 1, 0), (0, 0))), segment_ids)
+            return self._conv(*context_halo(x, segment_ids, K - 1, context), heads=heads)
+        return self._conv(x, segment_ids, padded=False, heads=heads)
 
-    def _conv(self, xp: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        """The conv of ``xp: [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs);
-        ``segment_ids: [B, K-1+T]``, the document of each row of ``xp`` (tap j of output t reads ``xp[t+j]``, zero
-        unless in the document of ``xp[t+K-1]``)."""
-        return short_conv_silu(xp, self.kernel[...], None if self.bias is None else self.bias[...], segment_ids,
-                               out_dtype=self.dtype, impl=self.kernel_impl)
+    def _conv(self, xp: jax.Array, segment_ids: jax.Array | None = None, *, padded: bool = True,
+              heads: Heads | None = None) -> jax.Array | list[jax.Array]:
+        """The conv of ``xp: [B, K-1+T, C]`` (the ``K-1`` inputs before the first output, then the inputs;
+        ``padded=False``: ``[B, T, C]`` after K-1 zeros); ``segment_ids``: the document of each row of ``xp`` (tap j
+        of output t reads ``xp[t+j]``, zero unless in the document of ``xp[t+K-1]``); ``heads`` as ``__call__``."""
+        y = short_conv_silu(xp, self.kernel[...], None if self.bias is None else self.bias[...], segment_ids,
+                            out_dtype=self.dtype, impl=self.kernel_impl, padded=padded,
+                            split=None if heads is None else tuple(h * d for h, d in heads))
+        if heads is None:
+            return y
+        pieces = y if len(heads) > 1 else [y]
+        return [p.reshape(*p.shape[:2], h, d) for p, (h, d) in zip(pieces, heads, strict=True)]
 
     def init_tail(self, batch: int) -> jax.Array:
         """An empty tail ``[B,K-1,C]`` (zeros, as the causal padding) in the compute dtype."""
         K, C = self.kernel.shape
         return jnp.zeros((batch, K - 1, C), self.dtype)
 
-    def extend(self, x: jax.Array, tail: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def extend(self, x: jax.Array, tail: jax.Array, n: jax.Array, heads: Heads | None = None
+               ) -> tuple[jax.Array | list[jax.Array], jax.Array]:
         """Continue a sequence: ``x [B,T,C]`` after the cached ``tail [B,K-1,C]`` (its last ``K-1`` inputs).
 
         Only the first ``n[b]`` steps of row ``b`` are real; the new tail ends at the last real one.
-        Returns ``(y [B,T,C], new tail [B,K-1,C])``.
+        Returns ``(y [B,T,C] or its pieces by heads as __call__, new tail [B,K-1,C])``.
         """
         K = self.kernel.shape[0]
         xp = jnp.concatenate([tail.astype(jnp.float32), x.astype(jnp.float32)], axis=1)
         index = n[:, None] + jnp.arange(K - 1)[None, :]  # the K-1 inputs before position n (in xp's coordinates)
         new_tail = jnp.take_along_axis(xp, index[:, :, None], axis=1).astype(tail.dtype)
-        return self._conv(xp), new_tail
+        return self._conv(xp, heads=heads), new_tail
 
 
 def context_halo(x: jax.Array, segment_ids: jax.Array | None, n: int, context: str
@@ -245,11 +254,14 @@ def decay_gate(a_log: jax.Array, a: jax.Array, dt_bias: jax.Array) -> jax.Array:
     return -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32) + dt_bias.astype(jnp.float32))
 
 
-def split_heads(x: jax.Array, sizes: tuple[tuple[int, int], ...]) -> list[jax.Array]:
-    """Split ``x: [B,T,sum(h*d)]`` into ``[B,T,h,d]`` pieces, one per ``(heads, head_dim)`` in ``sizes``."""
-    B, T, _ = x.shape
-    bounds = np.cumsum([h * d for h, d in sizes])[:-1]
-    return [p.reshape(B, T, h, d) for p, (h, d) in zip(jnp.split(x, bounds, axis=-1), sizes, strict=True)]
+def column_pieces(linear: nnx.Linear, x: jax.Array, widths: tuple[int, ...]) -> list[jax.Array]:
+    """``linear(x)`` (no bias) split along its outputs into pieces ``[..., width]`` of ``widths``, each its own
+    matmul on a slice of the kernel's columns: each piece's consumer gets an array of its own, so the forward copies
+    no slice of the whole output (a kernel's operand must be one) and the backward concatenates no gradients."""
+    assert linear.bias is None and sum(widths) == linear.out_features, (linear.out_features, widths)
+    bounds = np.cumsum((0, *widths))
+    x, kernel = x.astype(linear.dtype), linear.kernel[...].astype(linear.dtype)
+    return [jnp.dot(x, kernel[:, a:b], precision=linear.precision) for a, b in itertools.pairwise(bounds)]
 
 
 def sow(module: nnx.Module, name: str, value: jax.Array) -> None:

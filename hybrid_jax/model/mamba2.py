@@ -9,6 +9,9 @@ With ``d_in = expand * D``, ``nh = d_in / head_dim`` SSM heads, ``G`` groups and
     y = y + D[h] * x
     out = out_proj(norm(y, z))                        rmsnorm_group(y * silu(z)) * w, group size d_in/G, gate first
 
+``z``, ``[x | B | C]`` and ``dt`` are three matmuls on in_proj's columns, and the conv's output three arrays: no
+copy slices the projection or the conv's output, and no concatenation joins their gradients.
+
 The sublayer gets a pre-norm like every other sublayer (Primus's no-TE Mamba spec has none, its converter emits a
 ones ``mixer_norm`` for it). Sown intermediates: ``dt [B,T,nh]`` (float32), ``final_state [B,nh,N,head_dim]``.
 """
@@ -23,7 +26,16 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax import kernels
-from hybrid_jax.model.layers import GatedRMSNorm, ShortConv, a_log_init, dense, dt_bias_init, dtypes, sow, split_heads
+from hybrid_jax.model.layers import (
+    GatedRMSNorm,
+    ShortConv,
+    a_log_init,
+    column_pieces,
+    dense,
+    dt_bias_init,
+    dtypes,
+    sow,
+)
 from hybrid_jax.model.mixer import RecurrentMixer, recurrent_impl, sequence_form, zero_padding
 
 
@@ -66,10 +78,9 @@ class Mamba2(RecurrentMixer):
              segment_ids: jax.Array | None = None, context: str | None = None):
         """``(y [B,T,D], final state, conv tail)``; ``conv(xbc) -> (conv output, tail)``; pads get ``dt = B = 0``."""
         Bsz, T, _ = u.shape
-        z, xbc, dt = jnp.split(self.in_proj(u), [self.d_in, 2 * self.d_in + 2 * self.groups * self.state], axis=-1)
-        xbc, tail = conv(xbc)
-        x, b, c = split_heads(xbc, ((self.nheads, self.head_dim), (self.groups, self.state),
-                                    (self.groups, self.state)))
+        z, xbc, dt = column_pieces(self.in_proj, u, (self.d_in, self.d_in + 2 * self.groups * self.state, self.nheads))
+        (x, b, c), tail = conv(xbc, ((self.nheads, self.head_dim), (self.groups, self.state),
+                                     (self.groups, self.state)))
         dt = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))  # [B,T,nh]
         if valid is not None:
             b, dt = zero_padding(valid, b, dt)

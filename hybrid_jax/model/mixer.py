@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.model.cache import RecurrentCache
+from hybrid_jax.model.layers import Heads
 from hybrid_jax.parallel import recurrence, shards
 
 
@@ -19,16 +20,17 @@ class RecurrentMixer(nnx.Module):
 
     A subclass sets ``self.conv1d`` (a ``ShortConv``) and ``self.state_shape`` (the per-sequence float32 state,
     ``(HV, K, V)``) and implements ``_mix(x, conv, state=None, valid=None) -> (y [B,T,D], final state, conv tail)``,
-    where ``conv(u) -> (conv output, tail)`` and padded steps (``~valid``) must leave the state alone. Each subclass
+    where ``conv(u, heads) -> (the conv output's pieces [B,T,h,d] by heads, tail)`` and padded steps (``~valid``)
+    must leave the state alone. Each subclass
     defines its own ``__call__`` (``self._mix(x, self.plain_conv)[0]``): ``nnx.capture(..., method_outputs=...)``
     instruments only methods defined on the class itself, and the notebook captures every block's ``__call__``.
     """
 
-    def plain_conv(self, u: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None
-                   ) -> tuple[jax.Array, None]:
+    def plain_conv(self, u: jax.Array, heads: Heads, segment_ids: jax.Array | None = None,
+                   context: str | None = None) -> tuple[list[jax.Array], None]:
         """The training-time short conv (zero history, no tail kept; ``segment_ids``: packed documents; ``context``:
-        the mesh axis the time axis is split over, inside its ``shard_map``)."""
-        return (self.conv1d(u, segment_ids) if context is None else self.conv1d(u, segment_ids, context)), None
+        the mesh axis the time axis is split over, inside its ``shard_map``), its output in pieces by ``heads``."""
+        return self.conv1d(u, segment_ids, context, heads), None
 
     def init_cache(self, batch: int, max_len: int) -> RecurrentCache:
         """Zero state ``[B, *state_shape]`` float32 and conv tail ``[B, conv_size - 1, C]``; ``max_len`` unused."""
@@ -38,7 +40,7 @@ class RecurrentMixer(nnx.Module):
                ) -> tuple[jax.Array, RecurrentCache]:
         """Continue from ``cache`` with ``x [B,T,D]`` of which the first ``n[b]`` steps are real. ``pos`` and
         ``start`` (positions, the document's first) unused: the state holds the current document only."""
-        y, state, tail = self._mix(x, lambda u: self.conv1d.extend(u, cache.conv, n), cache.state,
+        y, state, tail = self._mix(x, lambda u, heads: self.conv1d.extend(u, cache.conv, n, heads), cache.state,
                                    valid_steps(n, x.shape[1]))
         return y, RecurrentCache(state, tail)
 
@@ -48,12 +50,12 @@ class RecurrentMixer(nnx.Module):
         ``shard_map`` over ``context``: the final state (the whole sequence's, the same on every shard) and the last
         shard's last ``conv_size - 1`` conv inputs, those of an earlier document than the last token's set to 0 (as
         the one-device conv reads them). Decoding then continues the last document. ``max_len`` unused."""
-        def conv(u: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def conv(u: jax.Array, heads: Heads) -> tuple[list[jax.Array], jax.Array]:
             tail = u[:, u.shape[1] - self.conv1d.kernel.shape[0] + 1:]  # [B,K-1,C]
             if segment_ids is not None:
                 same_doc = segment_ids[:, segment_ids.shape[1] - tail.shape[1]:] == segment_ids[:, -1:]
                 tail = jnp.where(same_doc[..., None], tail, 0).astype(tail.dtype)
-            return self.conv1d(u, segment_ids, context), shards.from_last_shard(tail, context)
+            return self.conv1d(u, segment_ids, context, heads), shards.from_last_shard(tail, context)
 
         y, state, tail = self._mix(x, conv, segment_ids=segment_ids, context=context)
         return y, RecurrentCache(state, tail)
