@@ -6,7 +6,7 @@ With ``d_in = expand * D``, ``nh = d_in / head_dim`` SSM heads, ``G`` groups and
     [x | B | C] = silu(conv1d([x | B | C]))           depthwise causal, kernel conv_size, WITH bias
     dt = softplus(dt + dt_bias);  A = -exp(A_log)     (float32)
     y, S = chunk_simple_gla(q=C, k=B, v=dt*x, g=dt*A, scale=1)   one kernel q/k head per group: B, C are not repeated
-    y = y + D[h] * x
+    y = y + D[h] * x                                  float32, rounded to the compute dtype (as mamba_ssm writes it)
     out = out_proj(norm(y, z))                        rmsnorm_group(y * silu(z)) * w, group size d_in/G, gate first
 
 ``z``, ``[x | B | C]`` and ``dt`` are three matmuls on in_proj's columns, and the conv's output three arrays: no
@@ -93,4 +93,5 @@ class Mamba2(RecurrentMixer):
         sow(self, "dt", dt)
         sow(self, "final_state", state)
         y = y.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
+        y = y.astype(self.dtype)
         return self.out_proj(self.norm(y.reshape(Bsz, T, self.d_in), z)), state, tail
