@@ -6,9 +6,10 @@ the groups) and the gate ``s = silu(z)`` (Mamba2, GDN) or ``sigmoid(z)`` (KDA), 
     gate first (Mamba2's norm):  u = x * s;   out = u * rsqrt(mean(u^2) + eps) * w
     gate after (GDN's, KDA's):   u = x;       out = u * rsqrt(mean(u^2) + eps) * w * s
 
-Forward: XLA, one fused pass (float32 arithmetic, ``out`` rounded once to ``out_dtype``). The residuals are the
-inputs: XLA's own autodiff keeps a float32 copy of ``u`` or of the normalised rows for the backward, the size of
-``x`` in float32 per layer. Backward, from ``dout``, with ``n = u * r`` (``r`` recomputed per group row)::
+Forward: one kernel over tiles of group rows (float32 arithmetic, ``out`` rounded once to ``out_dtype``); XLA's
+form, on a CPU, writes ``u`` in float32 for the row means and reads it back. The residuals are the inputs: XLA's own
+autodiff keeps a float32 copy of ``u`` or of the normalised rows for the backward, the size of ``x`` in float32 per
+layer. Backward, from ``dout``, with ``n = u * r`` (``r`` recomputed per group row)::
 
     g  = dout * w (* s, gate after);   du = r * (g - n * mean(g * n))
     dx = du (* s, gate first);        ds = du * x (gate first) or dout * n * w (gate after)
@@ -108,20 +109,29 @@ def gated_rms_norm_backward_reference(dout: jax.Array, x: jax.Array, z: jax.Arra
     return dx.reshape(x.shape), (ds * ds_dz).reshape(z.shape), dw.reshape(w.shape)
 
 
+def _by_kernel(x: jax.Array, w: jax.Array, groups: int, impl: str) -> bool:
+    """Whether ``impl`` takes the Pallas kernels: a tile's rows (a power of two) must hold whole sets of the groups
+    ``w`` covers (1: shared, or groups)."""
+    wg = w.shape[0] * groups // x.shape[-1]
+    return impl != "xla" and not wg & (wg - 1)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _norm(x, z, w, form, out_dtype, impl):
+    if _by_kernel(x, w, form[0], impl):
+        return _pallas_forward(x, z, w, form, out_dtype, tuning.GatedNormConfig(),
+                               interpret=impl == "pallas_interpret")
     return _forward(x, z, w, form, out_dtype)
 
 
 def _norm_fwd(x, z, w, form, out_dtype, impl):
-    return _forward(x, z, w, form, out_dtype), (x, z, w)
+    return _norm(x, z, w, form, out_dtype, impl), (x, z, w)
 
 
 def _norm_bwd(form, out_dtype, impl, residuals, dout):
     x, z, w = residuals
     groups, gate_first, silu, eps = form
-    wg = w.shape[0] * groups // x.shape[-1]  # the groups w covers: 1 (shared) or groups
-    if impl == "xla" or wg & (wg - 1):  # a kernel tile's rows (a power of two) hold whole sets of w's groups
+    if not _by_kernel(x, w, groups, impl):
         dx, dz, dw = gated_rms_norm_backward_reference(dout, x, z, w, groups=groups, gate_first=gate_first, eps=eps,
                                                        activation="silu" if silu else "sigmoid")
     else:
@@ -131,6 +141,52 @@ def _norm_bwd(form, out_dtype, impl, residuals, dout):
 
 
 _norm.defvjp(_norm_fwd, _norm_bwd)
+
+
+def _tile_rows(config: tuning.GatedNormConfig, d: int, wg: int) -> int:
+    """Group rows per tile: about ``config.block`` elements, a power of two and a multiple of ``wg``."""
+    return max(pl.next_power_of_2(config.block // pl.next_power_of_2(d) + 1) // 2, wg)
+
+
+def _pallas_forward(x: jax.Array, z: jax.Array, w: jax.Array, form: tuple, out_dtype: jnp.dtype,
+                    config: tuning.GatedNormConfig, *, interpret: bool) -> jax.Array:
+    """The module's ``out`` over the group rows ``[R, d]``, one program per tile of rows (:func:`_tile_rows`)."""
+    groups, gate_first, silu, eps = form
+    d = x.shape[-1] // groups
+    R, wg = x.size // d, w.shape[0] // d
+    rows = _tile_rows(config, d, wg)
+    whole = pl.BlockSpec((R, d), lambda p: (0, 0))
+    out = pl.pallas_call(
+        functools.partial(_forward_kernel, n_rows=R, width=pl.next_power_of_2(d), gate_first=gate_first, silu=silu,
+                          eps=eps),
+        grid=(pl.cdiv(R, rows),), in_specs=[whole, whole, pl.BlockSpec((rows, d), lambda p: (0, 0))],
+        out_specs=whole, out_shape=jax.ShapeDtypeStruct((R, d), out_dtype),
+        compiler_params=pltriton.CompilerParams(num_warps=config.launch.num_warps,
+                                                num_stages=config.launch.num_stages),
+        interpret=interpret, name="gated_rms_norm_fwd",
+    )(x.reshape(R, d), z.reshape(R, d), _weights(w, d, rows))
+    return out.reshape(x.shape)
+
+
+def _forward_kernel(x_ref, z_ref, w_ref, out_ref, *, n_rows: int, width: int, gate_first: bool, silu: bool,
+                    eps: float):
+    """``x_ref, z_ref [R, d]`` (every group row), ``w_ref [BR, d]`` float32 (the weight of each row of a tile); out
+    ``out_ref [R, d]``, this program's tile of ``BR`` rows (rows past ``R`` and columns past ``d`` masked)."""
+    BR, d = w_ref.shape
+    cols = jnp.arange(width)
+    at = pl.program_id(0) * BR + jnp.arange(BR)
+    mask = (at < n_rows)[:, None] & (cols < d)[None, :]
+
+    def load(ref):
+        return pltriton.load(ref.at[at[:, None], cols[None, :]], mask=mask, other=0.0).astype(F32)
+
+    w = pltriton.load(w_ref.at[jnp.arange(BR)[:, None], cols[None, :]], mask=(cols < d)[None, :], other=0.0)
+    x, z = load(x_ref), load(z_ref)
+    s = _gate(z, silu)[0]
+    u = x * s if gate_first else x
+    out = u * jax.lax.rsqrt(jnp.sum(u * u, axis=1, keepdims=True) / d + eps) * w
+    out = out if gate_first else out * s
+    pltriton.store(out_ref.at[at[:, None], cols[None, :]], out.astype(out_ref.dtype), mask=mask)
 
 
 def _pallas_backward(dout: jax.Array, x: jax.Array, z: jax.Array, w: jax.Array, form: tuple,
@@ -143,7 +199,7 @@ def _pallas_backward(dout: jax.Array, x: jax.Array, z: jax.Array, w: jax.Array, 
     d = x.shape[-1] // groups
     R, wg = x.size // d, w.shape[0] // d  # group rows; the groups w covers (1: shared)
     width = pl.next_power_of_2(d)
-    rows = max(pl.next_power_of_2(config.block // width + 1) // 2, wg)  # a power of two: a multiple of wg
+    rows = _tile_rows(config, d, wg)
     tiles = pl.cdiv(R, rows)
     per_program = pl.cdiv(tiles, min(config.programs, tiles))
     programs = pl.cdiv(tiles, per_program)
