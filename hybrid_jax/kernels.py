@@ -11,8 +11,8 @@ Beside them, four kernels the model uses through the same ``impl`` (``model.kern
 ``cross_entropy.softmax_grad`` (the loss's log-sum-exp and gradient over a chunk of logits), ``swiglu.swiglu``
 (``silu(gate) * up`` on the MLP's ``[gate | up]``, its backward one pass that writes ``d[gate | up]``),
 ``short_conv.short_conv_silu`` (the short causal conv with SiLU, its backward two kernels: ``dpre`` once per output,
-then the input gradient) and ``gated_norm.gated_rms_norm`` (the
-mixers' gated RMSNorm, its backward one kernel from the inputs).
+then the input gradient; its output in channel pieces if asked) and ``gated_norm.gated_rms_norm`` (the mixers' gated
+RMSNorm, one kernel each way, the backward from the inputs).
 
 ``impl`` picks the implementation: ``"auto"`` (Pallas on GPU, XLA elsewhere), ``"xla"`` (chunked pure
 JAX), ``"pallas"``, ``"pallas_interpret"`` (the Pallas code interpreted on CPU, for tests), ``"naive"``

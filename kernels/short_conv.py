@@ -240,12 +240,11 @@ def _store(ref, x, mask):
 
 def _dpre_kernel(*refs, width: int, tiles: int, lead: int, starts: tuple[int, ...], has_bias: bool, has_ids: bool):
     """``dy_refs [T, BC]`` (dy's dtype: one per piece of dy, the piece from channel block ``starts[i]`` on; the
-    program reads the one its channel block is in), ``xp_ref [S, BC]``, ``w_ref [K, BC]`` float32, ``bias_ref
-    [BC]`` (with a bias), ``ids_ref [S]`` int32 (with ids): this channel block's whole sequence; out ``dpre_ref
-    [tiles * BT, BC]``
-    float32 (this program's outputs, ``tiles`` tiles of ``BT`` rows in turn; zero past T), ``dw_ref [K, BC]`` and
-    ``dbias_ref [BC]`` (with a bias): sums over its outputs. ``lead + S = K-1+T`` (``lead`` zero rows of no document
-    before xp's first), float32 arithmetic."""
+    program reads the one its channel block is in), ``xp_ref [S, BC]``, ``w_ref [K, BC]`` float32, ``bias_ref [BC]``
+    (with a bias), ``ids_ref [S]`` int32 (with ids): this channel block's whole sequence; out ``dpre_ref [tiles * BT,
+    BC]`` float32 (this program's outputs, ``tiles`` tiles of ``BT`` rows in turn; zero past T), ``dw_ref [K, BC]``
+    and ``dbias_ref [BC]`` (with a bias): sums over its outputs. ``lead + S = K-1+T`` (``lead`` zero rows of no
+    document before xp's first), float32 arithmetic."""
     dy_refs, (xp_ref, w_ref, *refs) = refs[: len(starts)], refs[len(starts) :]
     bias_ref = refs.pop(0) if has_bias else None
     ids_ref = refs.pop(0) if has_ids else None

@@ -21,9 +21,9 @@ class RecurrentMixer(nnx.Module):
     A subclass sets ``self.conv1d`` (a ``ShortConv``) and ``self.state_shape`` (the per-sequence float32 state,
     ``(HV, K, V)``) and implements ``_mix(x, conv, state=None, valid=None) -> (y [B,T,D], final state, conv tail)``,
     where ``conv(u, heads) -> (the conv output's pieces [B,T,h,d] by heads, tail)`` and padded steps (``~valid``)
-    must leave the state alone. Each subclass
-    defines its own ``__call__`` (``self._mix(x, self.plain_conv)[0]``): ``nnx.capture(..., method_outputs=...)``
-    instruments only methods defined on the class itself, and the notebook captures every block's ``__call__``.
+    must leave the state alone. Each subclass defines its own ``__call__`` (``self._mix(x, self.plain_conv)[0]``):
+    ``nnx.capture(..., method_outputs=...)`` instruments only methods defined on the class itself, and the notebook
+    captures every block's ``__call__``.
     """
 
     def plain_conv(self, u: jax.Array, heads: Heads, segment_ids: jax.Array | None = None,
