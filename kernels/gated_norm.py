@@ -75,15 +75,21 @@ def _weights(w: jax.Array, d: int, rows: int) -> jax.Array:
     return jnp.tile(w, (rows // w.shape[0], 1))
 
 
+def _normalized(x: jax.Array, z: jax.Array, w: jax.Array, d: int, gate_first: bool, silu: bool, eps: float
+                ) -> jax.Array:
+    """The module's ``out`` in float32 of float32 group rows ``x, z [..., width]`` (columns past ``d`` zero) and
+    ``w`` broadcasting against them: the XLA form's and the forward kernel's arithmetic."""
+    s = _gate(z, silu)[0]
+    u = x * s if gate_first else x
+    out = u * jax.lax.rsqrt(jnp.sum(u * u, axis=-1, keepdims=True) / d + eps) * w
+    return out if gate_first else out * s
+
+
 def _forward(x, z, w, form, out_dtype):
     groups, gate_first, silu, eps = form
     d = x.shape[-1] // groups
-    s = _gate(_rows(z, d), silu)[0]
-    u = _rows(x, d) * s if gate_first else _rows(x, d)
-    out = u * jax.lax.rsqrt(jnp.mean(u * u, axis=-1, keepdims=True) + eps)
-    out = out.reshape(-1, groups, d) * w.reshape(-1, d).astype(F32)
-    if not gate_first:
-        out = out * s.reshape(out.shape)
+    x_, z_ = (_rows(a, d).reshape(-1, groups, d) for a in (x, z))
+    out = _normalized(x_, z_, w.reshape(-1, d).astype(F32), d, gate_first, silu, eps)
     return out.reshape(x.shape).astype(out_dtype)
 
 
@@ -181,11 +187,7 @@ def _forward_kernel(x_ref, z_ref, w_ref, out_ref, *, n_rows: int, width: int, ga
         return pltriton.load(ref.at[at[:, None], cols[None, :]], mask=mask, other=0.0).astype(F32)
 
     w = pltriton.load(w_ref.at[jnp.arange(BR)[:, None], cols[None, :]], mask=(cols < d)[None, :], other=0.0)
-    x, z = load(x_ref), load(z_ref)
-    s = _gate(z, silu)[0]
-    u = x * s if gate_first else x
-    out = u * jax.lax.rsqrt(jnp.sum(u * u, axis=1, keepdims=True) / d + eps) * w
-    out = out if gate_first else out * s
+    out = _normalized(load(x_ref), load(z_ref), w, d, gate_first, silu, eps)
     pltriton.store(out_ref.at[at[:, None], cols[None, :]], out.astype(out_ref.dtype), mask=mask)
 
 

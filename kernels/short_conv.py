@@ -45,11 +45,11 @@ def short_conv_silu(xp: jax.Array, w: jax.Array, bias: jax.Array | None, segment
     """``y [B, T, C]`` in ``out_dtype`` of ``xp [B, K-1+T, C]`` (``padded=False``: ``x [B, T, C]``, a sequence's
     start), ``w [K, C]``, ``bias [C]`` or None and ``segment_ids`` of xp's (x's) rows, int or None (see the module's
     formula); differentiable in ``xp``, ``w`` and ``bias`` (gradients in their dtypes), its backward by ``impl``.
-    ``split``: channel widths adding up to C; then y's pieces ``[B, T, width]``, each its own array (the backward's
-    kernel reads their gradients where they lie)."""
+    ``split``: channel widths adding up to C; then the tuple of y's pieces ``[B, T, width]``, each its own array
+    (the backward's kernel reads their gradients where they lie)."""
     B, S, C = xp.shape
-    split = (C,) if split is None else tuple(split)
-    if sum(split) != C or min(split) < 1:
+    pieces = (C,) if split is None else tuple(split)
+    if sum(pieces) != C or min(pieces) < 1:
         raise ValueError(f"short_conv_silu: split={split} must be positive channel widths adding up to C={C}")
     lead = 0 if padded else w.shape[0] - 1  # zero rows before xp's first, held by no array
     if w.ndim != 2 or w.shape[1] != C or S + lead < w.shape[0] or (bias is not None and bias.shape != (C,)) or (
@@ -58,9 +58,9 @@ def short_conv_silu(xp: jax.Array, w: jax.Array, bias: jax.Array | None, segment
         raise ValueError(f"short_conv_silu: need xp [B, {rows}, C], w [K, C], bias [C] and segment_ids [B, {rows}], "
                          f"got {xp.shape}, {w.shape}, {None if bias is None else bias.shape} and "
                          f"{None if segment_ids is None else segment_ids.shape}")
-    pieces = _short_conv(xp, w, bias, segment_ids, jnp.dtype(out_dtype), pallas_or_xla(impl, "short_conv_silu"),
-                         lead, split)
-    return pieces if len(split) > 1 else pieces[0]
+    y = _short_conv(xp, w, bias, segment_ids, jnp.dtype(out_dtype), pallas_or_xla(impl, "short_conv_silu"), lead,
+                    pieces)
+    return y[0] if split is None else y
 
 
 def _lead_rows(xp: jax.Array, segment_ids: jax.Array | None, lead: int) -> tuple[jax.Array, jax.Array | None]:
@@ -124,8 +124,7 @@ def _short_conv(xp, w, bias, segment_ids, out_dtype: jnp.dtype, impl: str, lead:
                 ) -> tuple[jax.Array, ...]:
     xp, segment_ids = _lead_rows(xp, segment_ids, lead)
     y = _forward(xp, w, bias, segment_ids, out_dtype)
-    bounds = np.cumsum(split)[:-1]
-    return tuple(jnp.split(y, bounds, axis=-1)) if len(split) > 1 else (y,)
+    return tuple(jnp.split(y, np.cumsum(split)[:-1], axis=-1))
 
 
 def _short_conv_fwd(xp, w, bias, segment_ids, out_dtype, impl, lead, split):
@@ -136,7 +135,7 @@ def _short_conv_bwd(out_dtype, impl, lead, split, residuals, dy):
     xp, w, bias, segment_ids = residuals
     if impl == "xla":
         xp, segment_ids = _lead_rows(xp, segment_ids, lead)
-        dy = jnp.concatenate(dy, axis=-1) if len(dy) > 1 else dy[0]
+        dy = jnp.concatenate(dy, axis=-1)
         dxp, dw, dbias = short_conv_backward_reference(dy, xp, w, bias, segment_ids)
         dxp = dxp[:, lead:]
     else:

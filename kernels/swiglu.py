@@ -45,12 +45,15 @@ def _halves(fc: jax.Array) -> tuple[jax.Array, jax.Array]:
     return gate, up
 
 
+def _gradients(d: jax.Array, g: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(dgate, dup)`` in float32 of float32 ``dh``, ``gate`` and ``up`` (the module's formula)."""
+    s = jax.nn.sigmoid(g)
+    return d * u * s * (1 + g * (1 - s)), d * g * s
+
+
 def swiglu_backward_reference(dh: jax.Array, fc: jax.Array) -> jax.Array:
     """The XLA form of the backward (and the kernel's reference): ``d fc = [dgate | dup]`` in ``fc``'s dtype."""
-    g, u = _halves(fc)
-    d = dh.astype(F32)
-    s = jax.nn.sigmoid(g)
-    return jnp.concatenate([d * u * s * (1 + g * (1 - s)), d * g * s], axis=-1).astype(fc.dtype)
+    return jnp.concatenate(_gradients(dh.astype(F32), *_halves(fc)), axis=-1).astype(fc.dtype)
 
 
 def _forward(fc: jax.Array) -> jax.Array:
@@ -109,7 +112,6 @@ def _pallas_backward(dh: jax.Array, fc: jax.Array, config: tuning.ElementwiseCon
 def _backward_kernel(dh_ref, fc_ref, dfc_ref):
     """``dh_ref [rows, cols]``; ``fc_ref``, ``dfc_ref [rows, 2, cols]``: this tile of ``gate`` (``[:, 0]``) and ``up``
     (``[:, 1]``), and of their gradients."""
-    d, g, u = dh_ref[...].astype(F32), fc_ref[:, 0, :].astype(F32), fc_ref[:, 1, :].astype(F32)
-    s = jax.nn.sigmoid(g)
-    dfc_ref[:, 0, :] = (d * u * s * (1 + g * (1 - s))).astype(dfc_ref.dtype)
-    dfc_ref[:, 1, :] = (d * g * s).astype(dfc_ref.dtype)
+    dgate, dup = _gradients(dh_ref[...].astype(F32), fc_ref[:, 0, :].astype(F32), fc_ref[:, 1, :].astype(F32))
+    dfc_ref[:, 0, :] = dgate.astype(dfc_ref.dtype)
+    dfc_ref[:, 1, :] = dup.astype(dfc_ref.dtype)

@@ -198,8 +198,7 @@ class ShortConv(nnx.Module):
                             split=None if heads is None else tuple(h * d for h, d in heads))
         if heads is None:
             return y
-        pieces = y if len(heads) > 1 else [y]
-        return [p.reshape(*p.shape[:2], h, d) for p, (h, d) in zip(pieces, heads, strict=True)]
+        return [p.reshape(*p.shape[:2], h, d) for p, (h, d) in zip(y, heads, strict=True)]
 
     def init_tail(self, batch: int) -> jax.Array:
         """An empty tail ``[B,K-1,C]`` (zeros, as the causal padding) in the compute dtype."""
