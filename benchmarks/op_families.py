@@ -43,7 +43,7 @@ MARKERS = {
     "lookup": "embedding",  # hybrid_jax.model.layers (and the named scope around its call)
     "MLP": "mlp",
     "GatedDeltaNet": "mixer", "KimiDeltaAttention": "mixer", "Mamba2": "mixer", "MLA": "mixer",
-    "RMSNorm": "norm", "GatedRMSNorm": "norm", "rms_normalize": "norm",
+    "RMSNorm": "norm", "GatedRMSNorm": "norm", "rms_norm": "norm", "add_rms_norm": "norm",  # kernels.rms_norm
     "chunk_gated_delta_rule": "recurrent", "chunk_kda": "recurrent", "chunk_simple_gla": "recurrent",  # kernels
     "attention": "attention",  # kernels.api (MLA, also its context-parallel form)
     "batch_loss": "loss", "context_batch_loss": "loss",  # hybrid_jax.train.step

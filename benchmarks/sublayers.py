@@ -7,7 +7,8 @@
 For each config (a comma list or a repeated ``--config``; default: the three 300M configs above), builds ONE
 ``hybrid_jax.model.Sublayer`` of each distinct kind of the layer plan (``sublayer_kinds``) in the config's compute
 dtype and ``kernel_impl`` (``auto``: Pallas / cuDNN on a GPU), and times its forward and forward+backward
-(``jax.vjp`` over the parameters and the input ``[batch, seq_len, hidden]``, random cotangent): median of
+(``jax.vjp`` over the parameters and the input stream ``[batch, seq_len, hidden]``, to which its norm adds the
+previous sublayer's output as in the model; random cotangents): median of
 ``--repeats`` calls after 2 warm-up calls. The "head" row is the embedding lookup + final norm + chunked
 cross-entropy (``hybrid_jax.train.loss``) with the tied embedding, as in the train step.
 
@@ -103,8 +104,9 @@ def benchmark(config: ConfigDict, *, batch: int, seq_len: int, repeats: int) -> 
     kinds = sublayer_kinds(cfg)
     dtype = jnp.dtype(cfg.dtype)
     tokens = batch * seq_len
-    keys = iter(jax.random.split(jax.random.key(0), 4))
+    keys = iter(jax.random.split(jax.random.key(0), 5))
     x = jax.random.normal(next(keys), (batch, seq_len, cfg.hidden_size), jnp.float32).astype(dtype)
+    y = jax.random.normal(next(keys), x.shape, jnp.float32).astype(dtype)  # the previous sublayer's output
     dy = jax.random.normal(next(keys), x.shape, jnp.float32).astype(dtype)
     peak = peak_flops(jax.devices()[0])
     t_start = time.perf_counter()
@@ -112,7 +114,7 @@ def benchmark(config: ConfigDict, *, batch: int, seq_len: int, repeats: int) -> 
     for kind in dict.fromkeys(kinds):
         build = lambda kind=kind: Sublayer(kind, cfg, rngs=nnx.Rngs(0))  # remat as model.remat gives it
         params, matrix = matrix_params(build)
-        fwd, fwd_bwd = time_module(build(), x, dy, repeats=repeats)
+        fwd, fwd_bwd = time_module(build(), x, (dy, dy), y, repeats=repeats)  # the stream's add with the norm
         flops = 3.0 * (2 * matrix + mixer_flops_per_token(kind, cfg, seq_len))
         rows[kind] = dict(
             count=kinds.count(kind),

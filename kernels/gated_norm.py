@@ -125,7 +125,7 @@ def _by_kernel(x: jax.Array, w: jax.Array, groups: int, impl: str) -> bool:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _norm(x, z, w, form, out_dtype, impl):
     if _by_kernel(x, w, form[0], impl):
-        return _pallas_forward(x, z, w, form, out_dtype, tuning.GatedNormConfig(),
+        return _pallas_forward(x, z, w, form, out_dtype, tuning.NormConfig(),
                                interpret=impl == "pallas_interpret")
     return _forward(x, z, w, form, out_dtype)
 
@@ -141,7 +141,7 @@ def _norm_bwd(form, out_dtype, impl, residuals, dout):
         dx, dz, dw = gated_rms_norm_backward_reference(dout, x, z, w, groups=groups, gate_first=gate_first, eps=eps,
                                                        activation="silu" if silu else "sigmoid")
     else:
-        dx, dz, dw = _pallas_backward(dout, x, z, w, form, tuning.GatedNormConfig(),
+        dx, dz, dw = _pallas_backward(dout, x, z, w, form, tuning.NormConfig(),
                                       interpret=impl == "pallas_interpret")
     return dx.astype(x.dtype), dz.astype(z.dtype), dw.astype(w.dtype)
 
@@ -149,18 +149,13 @@ def _norm_bwd(form, out_dtype, impl, residuals, dout):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-def _tile_rows(config: tuning.GatedNormConfig, d: int, wg: int) -> int:
-    """Group rows per tile: about ``config.block`` elements, a power of two and a multiple of ``wg``."""
-    return max(pl.next_power_of_2(config.block // pl.next_power_of_2(d) + 1) // 2, wg)
-
-
 def _pallas_forward(x: jax.Array, z: jax.Array, w: jax.Array, form: tuple, out_dtype: jnp.dtype,
-                    config: tuning.GatedNormConfig, *, interpret: bool) -> jax.Array:
-    """The module's ``out`` over the group rows ``[R, d]``, one program per tile of rows (:func:`_tile_rows`)."""
+                    config: tuning.NormConfig, *, interpret: bool) -> jax.Array:
+    """The module's ``out`` over the group rows ``[R, d]``, one program per tile of rows (``config.tile_rows``)."""
     groups, gate_first, silu, eps = form
     d = x.shape[-1] // groups
     R, wg = x.size // d, w.shape[0] // d
-    rows = _tile_rows(config, d, wg)
+    rows = config.tile_rows(d, wg)
     whole = pl.BlockSpec((R, d), lambda p: (0, 0))
     out = pl.pallas_call(
         functools.partial(_forward_kernel, n_rows=R, width=pl.next_power_of_2(d), gate_first=gate_first, silu=silu,
@@ -192,7 +187,7 @@ def _forward_kernel(x_ref, z_ref, w_ref, out_ref, *, n_rows: int, width: int, ga
 
 
 def _pallas_backward(dout: jax.Array, x: jax.Array, z: jax.Array, w: jax.Array, form: tuple,
-                     config: tuning.GatedNormConfig, *, interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+                     config: tuning.NormConfig, *, interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The reference's ``(dx, dz, dw)`` over the group rows ``[R, d]``: at most ``config.programs`` programs, each
     taking its share of the tiles of about ``config.block`` elements (rows: a power of two, at least the weight's
     groups, a power of two too: :func:`_norm_bwd`) in turn and writing its partial sums of ``dw`` (``[programs,
@@ -201,10 +196,8 @@ def _pallas_backward(dout: jax.Array, x: jax.Array, z: jax.Array, w: jax.Array, 
     d = x.shape[-1] // groups
     R, wg = x.size // d, w.shape[0] // d  # group rows; the groups w covers (1: shared)
     width = pl.next_power_of_2(d)
-    rows = _tile_rows(config, d, wg)
-    tiles = pl.cdiv(R, rows)
-    per_program = pl.cdiv(tiles, min(config.programs, tiles))
-    programs = pl.cdiv(tiles, per_program)
+    rows = config.tile_rows(d, wg)
+    programs, per_program = config.backward_programs(pl.cdiv(R, rows))
     whole = pl.BlockSpec((R, d), lambda p: (0, 0))
     dx, dz, dw = pl.pallas_call(
         functools.partial(_backward_kernel, n_rows=R, per_program=per_program, width=width,

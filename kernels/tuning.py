@@ -371,14 +371,28 @@ class ElementwiseConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class GatedNormConfig:
-    """The gated RMSNorm's backward kernel (``kernels/gated_norm.py``): tiles of about ``block`` elements (whole
-    group rows), taken in turn by at most ``programs`` programs (each one partial sum of the weight's gradient). One
-    launch for every GPU."""
+class NormConfig:
+    """The RMSNorm kernels (``kernels/gated_norm.py``, ``kernels/rms_norm.py``): tiles of about ``block`` elements
+    (whole rows of the norm), one program per tile forward; backward at most ``programs`` programs take the tiles in
+    turn (each one partial sum of the weight's gradient). One launch for every GPU."""
 
     block: int = 2048
     programs: int = 1024
     launch: Launch = Launch(4, 1)
+
+    def tile_rows(self, d: int, weight_groups: int = 1) -> int:
+        """Rows of ``d`` elements per tile: about ``block`` elements, a power of two and a multiple of
+        ``weight_groups`` (a power of two: the rows a weight's copies cover)."""
+        return max(_next_power_of_2(self.block // _next_power_of_2(d) + 1) // 2, weight_groups)
+
+    def backward_programs(self, tiles: int) -> tuple[int, int]:
+        """``(programs, tiles per program)`` of a backward launch over ``tiles`` tiles."""
+        per_program = -(-tiles // min(self.programs, tiles))
+        return -(-tiles // per_program), per_program
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclasses.dataclass(frozen=True)

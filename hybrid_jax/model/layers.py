@@ -22,6 +22,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from hybrid_jax.kernels.gated_norm import gated_rms_norm
+from hybrid_jax.kernels.rms_norm import add_rms_norm, rms_norm
 from hybrid_jax.kernels.short_conv import short_conv_silu
 from hybrid_jax.kernels.swiglu import swiglu
 from hybrid_jax.parallel.shards import previous_tail
@@ -113,23 +114,28 @@ def _lookup_bwd(dtype: jnp.dtype, res: tuple, grad: jax.Array) -> tuple[jax.Arra
 lookup.defvjp(_lookup_fwd, _lookup_bwd)
 
 
-def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
-    """``x / sqrt(mean(x^2) + eps)`` over the last axis, in float32."""
-    x = x.astype(jnp.float32)
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
-
-
 class RMSNorm(nnx.Module):
-    """RMSNorm over the last axis with a weight ``[dim]`` (ones); float32 inside, output in the compute dtype."""
+    """RMSNorm over the last axis with a weight ``[dim]`` (ones); float32 inside, output in the compute dtype
+    (:func:`hybrid_jax.kernels.rms_norm.rms_norm`). :meth:`add` forms the residual stream before it too."""
 
-    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype = jnp.float32):
+    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype = jnp.float32,
+                 kernel_impl: str = "auto"):
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
         self.eps = eps
         self.dtype = dtype
+        self.kernel_impl = kernel_impl
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``rmsnorm(x) * weight``, ``x: [..., dim]``."""
-        return (rms_normalize(x, self.eps) * self.weight[...].astype(jnp.float32)).astype(self.dtype)
+        return rms_norm(x, self.weight[...], eps=self.eps, out_dtype=self.dtype)
+
+    def add(self, x: jax.Array, y: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+        """``(s, self(s))`` of the stream ``s = x + y`` (``y``: the previous sublayer's output in ``x``'s dtype;
+        ``None``: ``s = x``); on a GPU one kernel each way (:func:`hybrid_jax.kernels.rms_norm.add_rms_norm`,
+        ``kernel_impl`` as ``model.kernel_impl``)."""
+        if y is None:
+            return x, self(x)
+        return add_rms_norm(x, y, self.weight[...], eps=self.eps, out_dtype=self.dtype, impl=self.kernel_impl)
 
 
 class GatedRMSNorm(nnx.Module):

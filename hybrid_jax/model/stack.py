@@ -5,6 +5,7 @@
     h = embed(tokens)                                   [B,T,D] in the compute dtype (no positional embedding)
     for each sublayer in layer_plan(cfg):  h = h + f(norm(h))     f: MLA, GDN, KDA, Mamba2 or SwiGLU MLP
     features = final_norm(h)                            [B,T,D]
+    (each add is made by the norm after it: one kernel each way on a GPU, ``RMSNorm.add``)
     logits = features @ W^T                             [B,T,V] float32; W [V,D] the embedding (tied, the default)
                                                         or lm_head (model.tie_embeddings=False)
 
@@ -43,33 +44,45 @@ REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveab
 
 
 class Sublayer(nnx.Module):
-    """One pre-norm residual block ``x + f(norm(x))`` of kind ``mla|gdn|kda|mamba2|mlp``. ``[B,T,D] -> [B,T,D]``."""
+    """One pre-norm residual block ``x + f(norm(x))`` of kind ``mla|gdn|kda|mamba2|mlp``. ``[B,T,D] -> [B,T,D]``.
+
+    In the model's forward pass the stream ``x`` is formed by the next sublayer: :meth:`__call__` takes the stream
+    before the previous sublayer and that sublayer's output and returns its own pair, so that the add and the norm
+    after it are one kernel each way on a GPU (:meth:`RMSNorm.add`)."""
 
     def __init__(self, kind: str, cfg: ConfigDict, *, rngs: nnx.Rngs):
         dtype, param_dtype = dtypes(cfg)
         self.kind, self.remat_mode = kind, cfg.get("remat", "none")
         self.remat = kind in REMAT_KINDS[self.remat_mode]
-        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
+                            kernel_impl=cfg.kernel_impl)
         setattr(self, BLOCK_NAMES[kind], SUBLAYERS[kind](cfg, rngs=rngs))
 
     @property
     def block(self) -> nnx.Module:
         return getattr(self, BLOCK_NAMES[self.kind])
 
-    def residual(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
-        h = self.norm(x)
-        y = self.block(h) if self.kind == "mlp" else self.block(h, segment_ids=segment_ids, context=context)
-        return x + y.astype(x.dtype)
+    def residual(self, x: jax.Array, y: jax.Array | None, segment_ids: jax.Array | None = None,
+                 context: str | None = None) -> tuple[jax.Array, jax.Array]:
+        """``(s, f(norm(s)))`` with ``s = x + y``, both in ``x``'s dtype."""
+        s, h = self.norm.add(x, y)
+        out = self.block(h) if self.kind == "mlp" else self.block(h, segment_ids=segment_ids, context=context)
+        return s, out.astype(s.dtype)
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None, context: str | None = None) -> jax.Array:
-        """``segment_ids [B,T]``: packed documents (every mixer keeps each document to itself). ``context``: the mesh
-        axis the time axis is split over, inside its ``shard_map`` (``hybrid_jax.parallel``); ``x`` is then this
-        shard's ``[B,T_local,D]``."""
-        residual = (nnx.remat(Sublayer.residual, static_argnums=3, policy=REMAT_POLICIES.get(self.remat_mode))
-                    if self.remat else Sublayer.residual)
-        out = residual(self, x, segment_ids, context)
-        sow(self, "output", out)
-        return out
+    def __call__(self, x: jax.Array, y: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 context: str | None = None) -> tuple[jax.Array, jax.Array]:
+        """``(s, f(norm(s)))``: the stream ``s = x + y`` (``x`` the stream before the previous sublayer, ``y`` that
+        sublayer's output; ``None`` before the first) and this sublayer's output; the stream after this sublayer is
+        their sum (sown as ``output``). ``segment_ids [B,T]``: packed documents (every mixer keeps each document to
+        itself). ``context``: the mesh axis the time axis is split over, inside its ``shard_map``
+        (``hybrid_jax.parallel``); ``x`` is then this shard's ``[B,T_local,D]``."""
+        residual = Sublayer.residual
+        if self.remat:  # the stream alone crosses the recomputed function: the backward keeps s, not x and y too
+            residual = nnx.remat(residual, static_argnums=4, policy=REMAT_POLICIES.get(self.remat_mode))
+            x, y = (x if y is None else x + y), None
+        s, out = residual(self, x, y, segment_ids, context)
+        sow(self, "output", s + out)
+        return s, out
 
     def init_cache(self, batch: int, max_len: int) -> RecurrentCache | MLACache | None:
         """The block's decoding cache (``None`` for an MLP)."""
@@ -103,7 +116,8 @@ def make_embedding(model_cfg: ConfigDict, rngs: nnx.Rngs) -> nnx.Embed:
 def make_final_norm(model_cfg: ConfigDict) -> RMSNorm:
     """The RMSNorm ``[D]`` after the last sublayer of ``HybridLM``."""
     dtype, param_dtype = dtypes(model_cfg)
-    return RMSNorm(model_cfg.hidden_size, eps=model_cfg.norm_eps, dtype=dtype, param_dtype=param_dtype)
+    return RMSNorm(model_cfg.hidden_size, eps=model_cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
+                   kernel_impl=model_cfg.kernel_impl)
 
 
 def make_output_head(model_cfg: ConfigDict, rngs: nnx.Rngs) -> nnx.Param:
@@ -162,9 +176,10 @@ class HybridLM(nnx.Module):
         shard's ``[B,T_local]`` part and so are the features; exact against the whole sequence on one device."""
         with jax.named_scope("lookup"):  # a name only: the gradient's ops carry no frame of the lookup (profiles)
             h = lookup(self.embed.embedding[...], tokens, self.embed.dtype)
+        y = None
         for layer in self.layers:
-            h = layer(h, segment_ids, context)
-        return self.final_norm(h)
+            h, y = layer(h, y, segment_ids, context)
+        return self.final_norm.add(h, y)[1]
 
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """``tokens int32 [B,T]`` -> logits ``[B,T,V]`` float32 (``tied_logits(features, output_embedding)``)."""

@@ -173,7 +173,7 @@ STEP_OPS = [
      'custom-call(%q, %q, %v), custom_call_target="__cudnn$fmhaSoftmaxBackward", ' + FMHA,
      "transpose(jvp(MLA))/attention/cudnn_attention/fmha", 16, "attention"),
     ("%norm_fusion = bf16[256,512]{1,0} fusion(%x), kind=kLoop, calls=%fused_mul",
-     "jvp(HybridLM.features)/Sublayer.residual/RMSNorm/rms_normalize/mul", 5, "norms"),
+     "jvp(HybridLM.features)/Sublayer.residual/RMSNorm.add/add_rms_norm/rms_norm/mul", 5, "norms"),
     ("%logits_fusion = f32[4,32,512]{2,1,0} fusion(%h, %e), kind=kCustom, calls=%gemm_fusion_logits",
      "cross_entropy/_chunked_ce_fwd.body/_logits/dot_general", 12, "LM head and loss"),
     ("%lse_fusion = bf16[256,512]{1,0} fusion(%x), kind=kInput, calls=%fused_mul",
@@ -292,13 +292,14 @@ def test_family_markers_name_the_model_code():
     """Each marker names a function or class of the model, loss, kernels or train step (a rename there must be
     made here too), and every sublayer kind has one."""
     from hybrid_jax import kernels
+    from hybrid_jax.kernels import rms_norm
     from hybrid_jax.model import layers, stack
     from hybrid_jax.train.step import context_loss, loss, train_step
 
     named = [loss.cross_entropy, stack.tied_logits, layers.lookup, layers.RMSNorm, layers.GatedRMSNorm,
-             layers.rms_normalize, kernels.chunk_gated_delta_rule, kernels.chunk_kda, kernels.chunk_simple_gla,
-             kernels.attention, train_step.batch_loss, context_loss.context_batch_loss, stack.Sublayer,
-             *stack.SUBLAYERS.values()]
+             rms_norm.rms_norm, rms_norm.add_rms_norm, kernels.chunk_gated_delta_rule, kernels.chunk_kda,
+             kernels.chunk_simple_gla, kernels.attention, train_step.batch_loss, context_loss.context_batch_loss,
+             stack.Sublayer, *stack.SUBLAYERS.values()]
     assert {f.__name__ for f in named} == set(MARKERS)
 
 

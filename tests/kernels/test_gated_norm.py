@@ -37,8 +37,8 @@ CASES = [((2, 9, 160), 4, 160, True, "silu", jnp.float32),
 @pytest.mark.parametrize("shape, groups, wdim, gate_first, activation, dtype", CASES,
                          ids=["mamba2", "mamba2_3_groups", "gdn", "kda"])
 def test_gated_norm_gradients_match_autodiff(monkeypatch, shape, groups, wdim, gate_first, activation, dtype):
-    config = tuning.GatedNormConfig
-    monkeypatch.setattr(tuning, "GatedNormConfig", lambda: config(block=1024, programs=2))
+    config = tuning.NormConfig
+    monkeypatch.setattr(tuning, "NormConfig", lambda: config(block=1024, programs=2))
     kx, kz, kw, kd = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(kx, shape).astype(dtype)
     z = (2.0 * jax.random.normal(kz, shape)).astype(jnp.bfloat16)
