@@ -7,12 +7,13 @@ Public entry points (shapes ``[batch, time, heads, dim]``; states float32 ``[B,H
     chunk_simple_gla(q, k, v, g, ...)               scalar-gated linear attention (Mamba2 SSD)
     attention(q, k, v, causal=True, ...)            softmax attention, qk dim may differ from v dim
 
-Beside them, four kernels the model uses through the same ``impl`` (``model.kernel_impl``):
+Beside them, five kernels the model uses through the same ``impl`` (``model.kernel_impl``):
 ``cross_entropy.softmax_grad`` (the loss's log-sum-exp and gradient over a chunk of logits), ``swiglu.swiglu``
 (``silu(gate) * up`` on the MLP's ``[gate | up]``, its backward one pass that writes ``d[gate | up]``),
 ``short_conv.short_conv_silu`` (the short causal conv with SiLU, its backward two kernels: ``dpre`` once per output,
-then the input gradient; its output in channel pieces if asked) and ``gated_norm.gated_rms_norm`` (the mixers' gated
-RMSNorm, one kernel each way, the backward from the inputs).
+then the input gradient; its output in channel pieces if asked), ``gated_norm.gated_rms_norm`` (the mixers' gated
+RMSNorm, one kernel each way, the backward from the inputs) and ``rms_norm.add_rms_norm`` (the residual stream's add
+with the RMSNorm after it, one kernel each way).
 
 ``impl`` picks the implementation: ``"auto"`` (Pallas on GPU, XLA elsewhere), ``"xla"`` (chunked pure
 JAX), ``"pallas"``, ``"pallas_interpret"`` (the Pallas code interpreted on CPU, for tests), ``"naive"``
