@@ -35,6 +35,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels import tuning
 from hybrid_jax.kernels.registry import pallas_or_xla
+from hybrid_jax.kernels.rms_norm import load_rows, store_rows, sweep_tiles
 
 F32 = jnp.float32
 ACTIVATIONS = ("silu", "sigmoid")
@@ -174,16 +175,12 @@ def _forward_kernel(x_ref, z_ref, w_ref, out_ref, *, n_rows: int, width: int, ga
     """``x_ref, z_ref [R, d]`` (every group row), ``w_ref [BR, d]`` float32 (the weight of each row of a tile); out
     ``out_ref [R, d]``, this program's tile of ``BR`` rows (rows past ``R`` and columns past ``d`` masked)."""
     BR, d = w_ref.shape
-    cols = jnp.arange(width)
-    at = pl.program_id(0) * BR + jnp.arange(BR)
-    mask = (at < n_rows)[:, None] & (cols < d)[None, :]
+    w = load_rows(w_ref, width)
 
-    def load(ref):
-        return pltriton.load(ref.at[at[:, None], cols[None, :]], mask=mask, other=0.0).astype(F32)
+    def tile(load, store, _):
+        store(out_ref, _normalized(load(x_ref), load(z_ref), w, d, gate_first, silu, eps))
 
-    w = pltriton.load(w_ref.at[jnp.arange(BR)[:, None], cols[None, :]], mask=(cols < d)[None, :], other=0.0)
-    out = _normalized(load(x_ref), load(z_ref), w, d, gate_first, silu, eps)
-    pltriton.store(out_ref.at[at[:, None], cols[None, :]], out.astype(out_ref.dtype), mask=mask)
+    sweep_tiles(tile, None, n_rows=n_rows, rows=BR, per_program=1, width=width, d=d)
 
 
 def _pallas_backward(dout: jax.Array, x: jax.Array, z: jax.Array, w: jax.Array, form: tuple,
@@ -218,21 +215,12 @@ def _backward_kernel(dout_ref, x_ref, z_ref, w_ref, dx_ref, dz_ref, dw_ref, *, n
                      width: int, gate_first: bool, silu: bool, eps: float):
     """``dout_ref, x_ref, z_ref [R, d]`` (every group row), ``w_ref [BR, d]`` float32 (the weight of each row of a
     tile); out ``dx_ref, dz_ref [R, d]`` (this program's tiles written) and ``dw_ref [BR, d]`` float32 (dw's terms
-    summed over this program's tiles, per row of a tile). The program takes tiles ``p * per_program + i`` of ``BR``
-    rows in turn; rows past ``R`` and columns past ``d`` (``width``: ``d`` padded to a power of two) masked."""
+    summed over this program's tiles, per row of a tile), the tiles of ``BR`` rows taken as
+    :func:`~hybrid_jax.kernels.rms_norm.sweep_tiles` does."""
     BR, d = w_ref.shape
-    cols = jnp.arange(width)
-    col_in = cols < d
-    w = pltriton.load(w_ref.at[jnp.arange(BR)[:, None], cols[None, :]], mask=col_in[None, :], other=0.0)
-    first = pl.program_id(0) * per_program * BR  # read outside the loop (interpret mode)
+    w = load_rows(w_ref, width)
 
-    def tile(it, acc):
-        at = first + it * BR + jnp.arange(BR)
-        mask = (at < n_rows)[:, None] & col_in[None, :]
-
-        def load(ref):
-            return pltriton.load(ref.at[at[:, None], cols[None, :]], mask=mask, other=0.0).astype(F32)
-
+    def tile(load, store, acc):
         do, x, z = load(dout_ref), load(x_ref), load(z_ref)
         s, ds_dz = _gate(z, silu)
         u = x * s if gate_first else x
@@ -240,12 +228,10 @@ def _backward_kernel(dout_ref, x_ref, z_ref, w_ref, dx_ref, dz_ref, dw_ref, *, n
         n = u * r
         g = do * w if gate_first else do * w * s
         du = r * (g - n * (jnp.sum(g * n, axis=1, keepdims=True) / d))
-        dx = du * s if gate_first else du
-        ds = du * x if gate_first else do * n * w
-        pltriton.store(dx_ref.at[at[:, None], cols[None, :]], dx.astype(dx_ref.dtype), mask=mask)
-        pltriton.store(dz_ref.at[at[:, None], cols[None, :]], (ds * ds_dz).astype(dz_ref.dtype), mask=mask)
+        store(dx_ref, du * s if gate_first else du)
+        store(dz_ref, (du * x if gate_first else do * n * w) * ds_dz)
         return acc + (do * n if gate_first else do * n * s)
 
-    zeros = jnp.zeros((BR, width), F32)
-    acc = tile(0, zeros) if per_program == 1 else jax.lax.fori_loop(0, per_program, tile, zeros)
-    pltriton.store(dw_ref.at[jnp.arange(BR)[:, None], cols[None, :]], acc, mask=col_in[None, :])
+    acc = sweep_tiles(tile, jnp.zeros((BR, width), F32), n_rows=n_rows, rows=BR, per_program=per_program,
+                      width=width, d=d)
+    store_rows(dw_ref, acc)

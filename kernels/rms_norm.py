@@ -25,6 +25,8 @@ are masked to the next one.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -108,16 +110,14 @@ def _forward_kernel(x_ref, y_ref, w_ref, s_ref, h_ref, *, n_rows: int, rows: int
     tile of ``rows`` rows (rows past ``R`` and columns past ``D`` masked; ``width``: ``D`` padded to a power of
     two)."""
     D = w_ref.shape[1]
-    cols = jnp.arange(width)
-    at = pl.program_id(0) * rows + jnp.arange(rows)
-    mask = (at < n_rows)[:, None] & (cols < D)[None, :]
-    tile = (at[:, None], cols[None, :])
-    x = pltriton.load(x_ref.at[tile], mask=mask, other=0.0)
-    y = pltriton.load(y_ref.at[tile], mask=mask, other=0.0)
-    s = (x.astype(F32) + y.astype(F32)).astype(s_ref.dtype)
-    pltriton.store(s_ref.at[tile], s, mask=mask)
-    w = pltriton.load(w_ref.at[jnp.arange(1)[:, None], cols[None, :]], mask=(cols < D)[None, :], other=0.0)
-    pltriton.store(h_ref.at[tile], _normalized(s.astype(F32), w, D, eps).astype(h_ref.dtype), mask=mask)
+    w = load_rows(w_ref, width)
+
+    def tile(load, store, _):
+        s = (load(x_ref) + load(y_ref)).astype(s_ref.dtype)
+        store(s_ref, s)
+        store(h_ref, _normalized(s.astype(F32), w, D, eps))
+
+    sweep_tiles(tile, None, n_rows=n_rows, rows=rows, per_program=1, width=width, d=D)
 
 
 def _pallas_backward(ds: jax.Array, dh: jax.Array, s: jax.Array, w: jax.Array, eps: float,
@@ -146,30 +146,60 @@ def _pallas_backward(ds: jax.Array, dh: jax.Array, s: jax.Array, w: jax.Array, e
 def _backward_kernel(ds_ref, dh_ref, s_ref, w_ref, dx_ref, dw_ref, *, n_rows: int, rows: int, per_program: int,
                      width: int, eps: float):
     """``ds_ref, dh_ref, s_ref [R, D]`` (every row), ``w_ref [1, D]`` float32; out ``dx_ref [R, D]`` (this program's
-    tiles written) and ``dw_ref [rows, D]`` float32 (dw's terms summed over this program's tiles, per row of a tile).
-    The program takes tiles ``p * per_program + i`` of ``rows`` rows in turn; rows past ``R`` and columns past ``D``
-    (``width``: ``D`` padded to a power of two) masked."""
+    tiles written) and ``dw_ref [rows, D]`` float32 (dw's terms summed over this program's tiles, per row of a tile),
+    the tiles taken as :func:`sweep_tiles` does."""
     D = w_ref.shape[1]
-    cols = jnp.arange(width)
-    col_in = cols < D
-    w = pltriton.load(w_ref.at[jnp.arange(1)[:, None], cols[None, :]], mask=col_in[None, :], other=0.0)
-    first = pl.program_id(0) * per_program * rows  # read outside the loop (interpret mode)
+    w = load_rows(w_ref, width)
 
-    def tile(it, acc):
-        at = first + it * rows + jnp.arange(rows)
-        mask = (at < n_rows)[:, None] & col_in[None, :]
-
-        def load(ref):
-            return pltriton.load(ref.at[at[:, None], cols[None, :]], mask=mask, other=0.0).astype(F32)
-
+    def tile(load, store, acc):
         ds, dh, s = load(ds_ref), load(dh_ref), load(s_ref)
         r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) / D + eps)
         n = s * r
         g = dh * w
-        dx = ds + r * (g - n * (jnp.sum(g * n, axis=1, keepdims=True) / D))
-        pltriton.store(dx_ref.at[at[:, None], cols[None, :]], dx.astype(dx_ref.dtype), mask=mask)
+        store(dx_ref, ds + r * (g - n * (jnp.sum(g * n, axis=1, keepdims=True) / D)))
         return acc + dh * n
 
-    zeros = jnp.zeros((rows, width), F32)
-    acc = tile(0, zeros) if per_program == 1 else jax.lax.fori_loop(0, per_program, tile, zeros)
-    pltriton.store(dw_ref.at[jnp.arange(rows)[:, None], cols[None, :]], acc, mask=col_in[None, :])
+    acc = sweep_tiles(tile, jnp.zeros((rows, width), F32), n_rows=n_rows, rows=rows, per_program=per_program,
+                      width=width, d=D)
+    store_rows(dw_ref, acc)
+
+
+# ------------------------------------------------------------------------- the row kernels' tiles (gated_norm too)
+def sweep_tiles(step: Callable, acc: Any, *, n_rows: int, rows: int, per_program: int, width: int, d: int) -> Any:
+    """Inside a row kernel over refs ``[R, d]``: this program's tiles ``p * per_program + i`` of ``rows`` rows, in
+    turn, ``acc = step(load, store, acc)``; ``load(ref)`` gives the tile as float32 ``[rows, width]`` (rows past
+    ``n_rows`` and columns past ``d`` zero; ``width``: ``d`` padded to a power of two), ``store(ref, value)`` writes
+    it in ``ref``'s dtype (masked alike). Returns the last ``acc``."""
+    cols = jnp.arange(width)
+    col_in = cols < d
+    first = pl.program_id(0) * per_program * rows  # read outside the loop (interpret mode)
+
+    def tile(it, acc):
+        at = first + it * rows + jnp.arange(rows)
+        where = (at[:, None], cols[None, :])
+        mask = (at < n_rows)[:, None] & col_in[None, :]
+
+        def load(ref):
+            return pltriton.load(ref.at[where], mask=mask, other=0.0).astype(F32)
+
+        def store(ref, value):
+            pltriton.store(ref.at[where], value.astype(ref.dtype), mask=mask)
+
+        return step(load, store, acc)
+
+    return tile(0, acc) if per_program == 1 else jax.lax.fori_loop(0, per_program, tile, acc)
+
+
+def load_rows(ref, width: int) -> jax.Array:
+    """All of a small ref ``[n, d]`` (a weight's rows) as float32 ``[n, width]``, columns past ``d`` zero."""
+    n, d = ref.shape
+    cols = jnp.arange(width)
+    return pltriton.load(ref.at[jnp.arange(n)[:, None], cols[None, :]], mask=(cols < d)[None, :],
+                         other=0.0).astype(F32)
+
+
+def store_rows(ref, value: jax.Array) -> None:
+    """``value [n, width]`` into all of ``ref [n, d]`` (columns past ``d`` dropped)."""
+    n, d = ref.shape
+    cols = jnp.arange(value.shape[1])
+    pltriton.store(ref.at[jnp.arange(n)[:, None], cols[None, :]], value.astype(ref.dtype), mask=(cols < d)[None, :])
