@@ -15,7 +15,8 @@ sublayers') and ``dh``, with ``n = s * r`` (``r`` recomputed from ``s``)::
     g = dh * w;   dx = dy = ds + r * (g - n * mean(g * n));   dw = sum over rows of dh * n
 
 reads ``s``, ``ds`` and ``dh`` and writes ``dx`` once (the same array is both inputs' gradient); its programs add
-``dw``'s terms over the rows they take and XLA adds the programs' sums. Rows of ``D`` channels not a power of two
+``dw``'s terms over the rows they take and XLA adds the programs' sums. Where nothing later reads ``s`` (the final
+norm) the backward has no ``ds`` (a symbolic zero: no array of zeros is made for it). Rows of ``D`` channels not a power of two
 are masked to the next one.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``: the plain formula, differentiated by JAX),
@@ -30,6 +31,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -72,18 +74,20 @@ def _fused(x, y, w, eps, out_dtype, interpret):
 
 
 def _fused_fwd(x, y, w, eps, out_dtype, interpret):
-    s, h = _fused(x, y, w, eps, out_dtype, interpret)
-    return (s, h), (s, w)
+    s, h = _fused(x.value, y.value, w.value, eps, out_dtype, interpret)
+    return (s, h), (s, w.value)
 
 
 def _fused_bwd(eps, out_dtype, interpret, residuals, cotangents):
+    """``ds`` is ``None`` to the kernel where no later op reads ``s`` (the final norm): no zeros are made for it."""
     s, w = residuals
-    ds, dh = cotangents
+    ds, dh = (None if isinstance(c, SymbolicZero) else c for c in cotangents)
+    dh = jnp.zeros(s.shape, out_dtype) if dh is None else dh
     dx, dw = _pallas_backward(ds, dh, s, w, eps, tuning.NormConfig(), interpret=interpret)
     return dx, dx, dw.astype(w.dtype)
 
 
-_fused.defvjp(_fused_fwd, _fused_bwd)
+_fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
 
 
 def _pallas_forward(x: jax.Array, y: jax.Array, w: jax.Array, eps: float, out_dtype: jnp.dtype,
@@ -120,11 +124,11 @@ def _forward_kernel(x_ref, y_ref, w_ref, s_ref, h_ref, *, n_rows: int, rows: int
     sweep_tiles(tile, None, n_rows=n_rows, rows=rows, per_program=1, width=width, d=D)
 
 
-def _pallas_backward(ds: jax.Array, dh: jax.Array, s: jax.Array, w: jax.Array, eps: float,
+def _pallas_backward(ds: jax.Array | None, dh: jax.Array, s: jax.Array, w: jax.Array, eps: float,
                      config: tuning.NormConfig, *, interpret: bool) -> tuple[jax.Array, jax.Array]:
-    """``(dx in s's dtype, dw [D] float32)`` over the rows ``[R, D]``: ``config.backward_programs`` programs take
-    the tiles of ``config.tile_rows(D)`` rows in turn, each writing its partial sums of ``dw`` (``[programs, rows,
-    D]``; XLA adds them up)."""
+    """``(dx in s's dtype, dw [D] float32)`` over the rows ``[R, D]`` (``ds`` None: zero): ``config.backward_programs``
+    programs take the tiles of ``config.tile_rows(D)`` rows in turn, each writing its partial sums of ``dw``
+    (``[programs, rows, D]``; XLA adds them up)."""
     D = s.shape[-1]
     R = s.size // D
     rows = config.tile_rows(D)
@@ -132,31 +136,32 @@ def _pallas_backward(ds: jax.Array, dh: jax.Array, s: jax.Array, w: jax.Array, e
     whole = pl.BlockSpec((R, D), lambda p: (0, 0))
     dx, dw = pl.pallas_call(
         functools.partial(_backward_kernel, n_rows=R, rows=rows, per_program=per_program,
-                          width=pl.next_power_of_2(D), eps=eps),
-        grid=(programs,), in_specs=[whole, whole, whole, pl.BlockSpec((1, D), lambda p: (0, 0))],
+                          width=pl.next_power_of_2(D), eps=eps, with_ds=ds is not None),
+        grid=(programs,), in_specs=[whole] * (3 if ds is not None else 2) + [pl.BlockSpec((1, D), lambda p: (0, 0))],
         out_specs=[whole, pl.BlockSpec((None, rows, D), lambda p: (p, 0, 0))],
         out_shape=[jax.ShapeDtypeStruct((R, D), s.dtype), jax.ShapeDtypeStruct((programs, rows, D), F32)],
         compiler_params=pltriton.CompilerParams(num_warps=config.launch.num_warps,
                                                 num_stages=config.launch.num_stages),
         interpret=interpret, name="add_rms_norm_bwd",
-    )(ds.reshape(R, D), dh.reshape(R, D), s.reshape(R, D), w.reshape(1, D).astype(F32))
+    )(*([] if ds is None else [ds.reshape(R, D)]), dh.reshape(R, D), s.reshape(R, D), w.reshape(1, D).astype(F32))
     return dx.reshape(s.shape), jnp.sum(dw, axis=(0, 1))
 
 
-def _backward_kernel(ds_ref, dh_ref, s_ref, w_ref, dx_ref, dw_ref, *, n_rows: int, rows: int, per_program: int,
-                     width: int, eps: float):
-    """``ds_ref, dh_ref, s_ref [R, D]`` (every row), ``w_ref [1, D]`` float32; out ``dx_ref [R, D]`` (this program's
-    tiles written) and ``dw_ref [rows, D]`` float32 (dw's terms summed over this program's tiles, per row of a tile),
-    the tiles taken as :func:`sweep_tiles` does."""
+def _backward_kernel(*refs, n_rows: int, rows: int, per_program: int, width: int, eps: float, with_ds: bool):
+    """``ds_ref`` (``with_ds``), ``dh_ref, s_ref [R, D]`` (every row), ``w_ref [1, D]`` float32; out ``dx_ref [R, D]``
+    (this program's tiles written) and ``dw_ref [rows, D]`` float32 (dw's terms summed over this program's tiles, per
+    row of a tile), the tiles taken as :func:`sweep_tiles` does."""
+    ds_ref, (dh_ref, s_ref, w_ref, dx_ref, dw_ref) = (refs[0], refs[1:]) if with_ds else (None, refs)
     D = w_ref.shape[1]
     w = load_rows(w_ref, width)
 
     def tile(load, store, acc):
-        ds, dh, s = load(ds_ref), load(dh_ref), load(s_ref)
+        dh, s = load(dh_ref), load(s_ref)
         r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) / D + eps)
         n = s * r
         g = dh * w
-        store(dx_ref, ds + r * (g - n * (jnp.sum(g * n, axis=1, keepdims=True) / D)))
+        dx = r * (g - n * (jnp.sum(g * n, axis=1, keepdims=True) / D))
+        store(dx_ref, dx if ds_ref is None else load(ds_ref) + dx)
         return acc + dh * n
 
     acc = sweep_tiles(tile, jnp.zeros((rows, width), F32), n_rows=n_rows, rows=rows, per_program=per_program,

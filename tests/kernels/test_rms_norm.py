@@ -52,6 +52,13 @@ def test_add_rms_norm_matches_autodiff(monkeypatch, shape, dtype, block, program
             tol = 1e-4 if got.dtype == jnp.float32 else 8e-3  # bf16: one rounding of each output
             np.testing.assert_allclose(np.asarray(got, np.float32), ref, rtol=tol, atol=tol * np.abs(ref).max())
         results[impl] = h, grads
+    # the final norm's use: s read by nothing later (the kernel then takes no ds)
+    h_only = jax.vjp(lambda x, y, w: add_rms_norm(x, y, w, eps=EPS, out_dtype=jnp.bfloat16,
+                                                  impl="pallas_interpret")[1], x, y, w)[1](dh)
+    want_h_only = jax.vjp(lambda x, y, w: plain(x, y, w, dtype)[1], *f32)[1](dh.astype(jnp.float32))
+    for got, ref in zip(h_only, want_h_only, strict=True):
+        tol = 1e-4 if got.dtype == jnp.float32 else 8e-3
+        np.testing.assert_allclose(np.asarray(got, np.float32), ref, rtol=tol, atol=tol * np.abs(ref).max())
     # the forward kernel against the XLA form: the same float32 arithmetic on the same stored s
     kernel = add_rms_norm(x, y, w, eps=EPS, out_dtype=jnp.float32, impl="pallas_interpret")[1]
     np.testing.assert_allclose(kernel, rms_norm(x + y, w, eps=EPS, out_dtype=jnp.float32), rtol=1e-6, atol=1e-6)
