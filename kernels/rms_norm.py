@@ -16,8 +16,8 @@ sublayers') and ``dh``, with ``n = s * r`` (``r`` recomputed from ``s``)::
 
 reads ``s``, ``ds`` and ``dh`` and writes ``dx`` once (the same array is both inputs' gradient); its programs add
 ``dw``'s terms over the rows they take and XLA adds the programs' sums. Where nothing later reads ``s`` (the final
-norm) the backward has no ``ds`` (a symbolic zero: no array of zeros is made for it). Rows of ``D`` channels not a power of two
-are masked to the next one.
+norm) the backward has no ``ds`` (a symbolic zero: no array of zeros is made for it). Rows of ``D`` channels not a
+power of two are masked to the next one.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``: the plain formula, differentiated by JAX),
 ``pallas``, ``pallas_interpret``.
