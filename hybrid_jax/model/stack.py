@@ -44,11 +44,11 @@ REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveab
 
 
 class Sublayer(nnx.Module):
-    """One pre-norm residual block ``x + f(norm(x))`` of kind ``mla|gdn|kda|mamba2|mlp``. ``[B,T,D] -> [B,T,D]``.
+    """One pre-norm residual block ``x + f(norm(x))`` of kind ``mla|gdn|kda|mamba2|mlp`` on ``[B,T,D]`` streams.
 
     In the model's forward pass the stream ``x`` is formed by the next sublayer: :meth:`__call__` takes the stream
-    before the previous sublayer and that sublayer's output and returns its own pair, so that the add and the norm
-    after it are one kernel each way on a GPU (:meth:`RMSNorm.add`)."""
+    before the previous sublayer and that sublayer's output and returns its own pair (``([B,T,D], [B,T,D])`` both
+    ways), so that the add and the norm after it are one kernel each way on a GPU (:meth:`RMSNorm.add`)."""
 
     def __init__(self, kind: str, cfg: ConfigDict, *, rngs: nnx.Rngs):
         dtype, param_dtype = dtypes(cfg)
