@@ -381,9 +381,11 @@ class NormConfig:
     launch: Launch = Launch(4, 1)
 
     def tile_rows(self, d: int, weight_groups: int = 1) -> int:
-        """Rows of ``d`` elements per tile: about ``block`` elements, a power of two and a multiple of
-        ``weight_groups`` (a power of two: the rows a weight's copies cover)."""
-        return max(_next_power_of_2(self.block // _next_power_of_2(d) + 1) // 2, weight_groups)
+        """Rows of ``d`` elements (padded to a power of two) per tile: the most rows, a power of two, that fit in
+        ``block`` elements, at least one and at least ``weight_groups`` (a power of two: the rows a weight's copies
+        cover)."""
+        fit = max(self.block // _next_power_of_2(d), 1)
+        return max(1 << (fit.bit_length() - 1), weight_groups)
 
     def backward_programs(self, tiles: int) -> tuple[int, int]:
         """``(programs, tiles per program)`` of a backward launch over ``tiles`` tiles."""
