@@ -177,10 +177,10 @@ def _forward_kernel(x_ref, z_ref, w_ref, out_ref, *, n_rows: int, width: int, ga
     BR, d = w_ref.shape
     w = load_rows(w_ref, width)
 
-    def tile(load, store, _):
-        store(out_ref, _normalized(load(x_ref), load(z_ref), w, d, gate_first, silu, eps))
+    def tile(xz, store, _):
+        store(out_ref, _normalized(*xz, w, d, gate_first, silu, eps))
 
-    sweep_tiles(tile, None, n_rows=n_rows, rows=BR, per_program=1, width=width, d=d)
+    sweep_tiles(tile, None, (x_ref, z_ref), n_rows=n_rows, rows=BR, per_program=1, width=width, d=d)
 
 
 def _pallas_backward(dout: jax.Array, x: jax.Array, z: jax.Array, w: jax.Array, form: tuple,
@@ -220,8 +220,8 @@ def _backward_kernel(dout_ref, x_ref, z_ref, w_ref, dx_ref, dz_ref, dw_ref, *, n
     BR, d = w_ref.shape
     w = load_rows(w_ref, width)
 
-    def tile(load, store, acc):
-        do, x, z = load(dout_ref), load(x_ref), load(z_ref)
+    def tile(tiles, store, acc):
+        do, x, z = tiles
         s, ds_dz = _gate(z, silu)
         u = x * s if gate_first else x
         r = jax.lax.rsqrt(jnp.sum(u * u, axis=1, keepdims=True) / d + eps)
@@ -232,6 +232,6 @@ def _backward_kernel(dout_ref, x_ref, z_ref, w_ref, dx_ref, dz_ref, dw_ref, *, n
         store(dz_ref, (du * x if gate_first else do * n * w) * ds_dz)
         return acc + (do * n if gate_first else do * n * s)
 
-    acc = sweep_tiles(tile, jnp.zeros((BR, width), F32), n_rows=n_rows, rows=BR, per_program=per_program,
-                      width=width, d=d)
+    acc = sweep_tiles(tile, jnp.zeros((BR, width), F32), (dout_ref, x_ref, z_ref), n_rows=n_rows, rows=BR,
+                      per_program=per_program, width=width, d=d)
     store_rows(dw_ref, acc)

@@ -116,12 +116,12 @@ def _forward_kernel(x_ref, y_ref, w_ref, s_ref, h_ref, *, n_rows: int, rows: int
     D = w_ref.shape[1]
     w = load_rows(w_ref, width)
 
-    def tile(load, store, _):
-        s = (load(x_ref) + load(y_ref)).astype(s_ref.dtype)
+    def tile(xy, store, _):
+        s = (xy[0] + xy[1]).astype(s_ref.dtype)
         store(s_ref, s)
         store(h_ref, _normalized(s.astype(F32), w, D, eps))
 
-    sweep_tiles(tile, None, n_rows=n_rows, rows=rows, per_program=1, width=width, d=D)
+    sweep_tiles(tile, None, (x_ref, y_ref), n_rows=n_rows, rows=rows, per_program=1, width=width, d=D)
 
 
 def _pallas_backward(ds: jax.Array | None, dh: jax.Array, s: jax.Array, w: jax.Array, eps: float,
@@ -155,44 +155,60 @@ def _backward_kernel(*refs, n_rows: int, rows: int, per_program: int, width: int
     D = w_ref.shape[1]
     w = load_rows(w_ref, width)
 
-    def tile(load, store, acc):
-        dh, s = load(dh_ref), load(s_ref)
+    def tile(tiles, store, acc):
+        dh, s = tiles[-2:]
         r = jax.lax.rsqrt(jnp.sum(s * s, axis=1, keepdims=True) / D + eps)
         n = s * r
         g = dh * w
         dx = r * (g - n * (jnp.sum(g * n, axis=1, keepdims=True) / D))
-        store(dx_ref, dx if ds_ref is None else load(ds_ref) + dx)
+        store(dx_ref, dx if ds_ref is None else tiles[0] + dx)
         return acc + dh * n
 
-    acc = sweep_tiles(tile, jnp.zeros((rows, width), F32), n_rows=n_rows, rows=rows, per_program=per_program,
+    reads = (dh_ref, s_ref) if ds_ref is None else (ds_ref, dh_ref, s_ref)
+    acc = sweep_tiles(tile, jnp.zeros((rows, width), F32), reads, n_rows=n_rows, rows=rows, per_program=per_program,
                       width=width, d=D)
     store_rows(dw_ref, acc)
 
 
 # ------------------------------------------------------------------------- the row kernels' tiles (gated_norm too)
-def sweep_tiles(step: Callable, acc: Any, *, n_rows: int, rows: int, per_program: int, width: int, d: int) -> Any:
+def sweep_tiles(step: Callable, acc: Any, reads: tuple, *, n_rows: int, rows: int, per_program: int, width: int,
+                d: int) -> Any:
     """Inside a row kernel over refs ``[R, d]``: this program's tiles ``p * per_program + i`` of ``rows`` rows, in
-    turn, ``acc = step(load, store, acc)``; ``load(ref)`` gives the tile as float32 ``[rows, width]`` (rows past
-    ``n_rows`` and columns past ``d`` zero; ``width``: ``d`` padded to a power of two), ``store(ref, value)`` writes
-    it in ``ref``'s dtype (masked alike). Returns the last ``acc``."""
+    turn, ``acc = step(tiles, store, acc)``; ``tiles`` holds the tile of each ref of ``reads`` as float32 ``[rows,
+    width]`` (rows past ``n_rows`` and columns past ``d`` zero; ``width``: ``d`` padded to a power of two),
+    ``store(ref, value)`` writes it in ``ref``'s dtype (masked alike). The next tile's reads are issued before this
+    tile's arithmetic (held in their dtype): a program's loads do not wait for its reductions. Returns the last
+    ``acc``."""
     cols = jnp.arange(width)
     col_in = cols < d
     first = pl.program_id(0) * per_program * rows  # read outside the loop (interpret mode)
 
-    def tile(it, acc):
+    def place(it):
         at = first + it * rows + jnp.arange(rows)
-        where = (at[:, None], cols[None, :])
-        mask = (at < n_rows)[:, None] & col_in[None, :]
+        return (at[:, None], cols[None, :]), (at < n_rows)[:, None] & col_in[None, :]
 
-        def load(ref):
-            return pltriton.load(ref.at[where], mask=mask, other=0.0).astype(F32)
+    def load(it, in_program=None):
+        where, mask = place(it)
+        mask = mask if in_program is None else mask & in_program
+        return tuple(pltriton.load(ref.at[where], mask=mask, other=0.0) for ref in reads)
+
+    def run(it, tiles, acc):
+        where, mask = place(it)
 
         def store(ref, value):
             pltriton.store(ref.at[where], value.astype(ref.dtype), mask=mask)
 
-        return step(load, store, acc)
+        return step(tuple(t.astype(F32) for t in tiles), store, acc)
 
-    return tile(0, acc) if per_program == 1 else jax.lax.fori_loop(0, per_program, tile, acc)
+    if per_program == 1:
+        return run(0, load(0), acc)
+
+    def tile(it, carry):
+        acc, tiles = carry
+        upcoming = load(it + 1, it + 1 < per_program)
+        return run(it, tiles, acc), upcoming
+
+    return jax.lax.fori_loop(0, per_program, tile, (acc, load(0)))[0]
 
 
 def load_rows(ref, width: int) -> jax.Array:
