@@ -35,7 +35,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from hybrid_jax.kernels import tuning
 from hybrid_jax.kernels.registry import pallas_or_xla
-from hybrid_jax.kernels.rms_norm import load_rows, store_rows, sweep_tiles
+from hybrid_jax.kernels.row_tiles import load_rows, store_rows, sweep_tiles
 
 F32 = jnp.float32
 ACTIVATIONS = ("silu", "sigmoid")

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from hybrid_jax.kernels import reference
+from hybrid_jax.kernels.l2_norm import l2_norm
 from hybrid_jax.kernels.recurrent.backward import Residuals, grad, state_bwd
 from hybrid_jax.kernels.recurrent.block_math import F32, SUB
 from hybrid_jax.kernels.recurrent.forward import output, state_fwd, wy
@@ -181,7 +182,7 @@ def prepare(q, k, v, g, beta, *, scale, initial_state, use_qk_l2norm: bool, chun
         raise ValueError(f"chunk_size must be a power of two >= 16, got {C}")
     scale = K**-0.5 if scale is None else scale
     if use_qk_l2norm:
-        q, k = reference.l2_normalize(q).astype(q.dtype), reference.l2_normalize(k).astype(k.dtype)
+        q, k = (l2_norm(a, eps=reference.L2NORM_EPS, interpret=interpret) for a in (q, k))
     out_dtype = v.dtype
     cd = jnp.promote_types(q.dtype, v.dtype)
     q, k, v = q.astype(cd), k.astype(cd), v.astype(cd)
