@@ -13,7 +13,8 @@ Beside them, five kernels the model uses through the same ``impl`` (``model.kern
 ``short_conv.short_conv_silu`` (the short causal conv with SiLU, its backward two kernels: ``dpre`` once per output,
 then the input gradient; its output in channel pieces if asked), ``gated_norm.gated_rms_norm`` (the mixers' gated
 RMSNorm, one kernel each way, the backward from the inputs) and ``rms_norm.add_rms_norm`` (the residual stream's add
-with the RMSNorm after it, one kernel each way).
+with the RMSNorm after it, one kernel each way). On their Pallas path the recurrent kernels normalise q and k
+(``use_qk_l2norm``) with ``l2_norm.l2_norm``, one kernel each way.
 
 ``impl`` picks the implementation: ``"auto"`` (Pallas on GPU, XLA elsewhere), ``"xla"`` (chunked pure
 JAX), ``"pallas"``, ``"pallas_interpret"`` (the Pallas code interpreted on CPU, for tests), ``"naive"``
