@@ -11,24 +11,25 @@ import pytest
 from benchmarks.kernel_resources import compile_kernel, recurrence_case
 from benchmarks.shapes import SHAPES
 from hybrid_jax.kernels.tooling.lowering import lowered_kernels
-from hybrid_jax.kernels.tuning import recurrent_config
+from hybrid_jax.kernels.tuning import NormConfig, recurrent_config
 
 SHAPE = {s.name: s for s in SHAPES}
 
 
 def test_lowered_kernels_carry_the_table_launches():
-    """Every launch of the KDA forward + backward, once each, with its Triton IR and the sm90 table's launch; those
-    with diagonal blocks twice (one reference row per block, then the levels on the rows it gets wrong); no output
-    launch where the table computes the output in the state pass."""
+    """Every launch of the KDA forward + backward, once each, with its Triton IR and the sm90 table's launch: the q/k
+    l2 norm's first and last, those with diagonal blocks twice (one reference row per block, then the levels on the
+    rows it gets wrong); no output launch where the table computes the output in the state pass."""
     shape = SHAPE["kda_300m"]
     fn, args = recurrence_case(shape, "sm90")
     kernels = lowered_kernels(fn, args, "sm90")
     cfg = recurrent_config("sm90", per_key=True)
     in_state = cfg.output_in_state_at(shape.K, shape.V)
     output = {} if in_state else {"output_fwd": cfg.output, "output_fwd_levels": cfg.output}
-    expected = {"wy_fwd": cfg.wy, "wy_fwd_levels": cfg.wy, "state_fwd": cfg.state, **output,
+    norm = NormConfig().launch
+    expected = {"l2_norm_fwd": norm, "wy_fwd": cfg.wy, "wy_fwd_levels": cfg.wy, "state_fwd": cfg.state, **output,
                 "state_bwd": cfg.state_bwd, "grad_bwd": cfg.grad, "grad_bwd_levels": cfg.grad,
-                "grad_wy_bwd": cfg.grad_wy, "grad_wy_bwd_levels": cfg.grad_wy}
+                "grad_wy_bwd": cfg.grad_wy, "grad_wy_bwd_levels": cfg.grad_wy, "l2_norm_bwd": norm}
     assert [k.name for k in kernels] == list(expected)
     for k in kernels:
         assert (k.num_warps, k.num_stages) == (expected[k.name].num_warps, expected[k.name].num_stages)
