@@ -16,8 +16,9 @@ no document, which no array holds. The backward's residual is then ``x`` itself 
 gradient ``dx [B, T, C]``: neither a padded copy of x nor a slice of ``dxp`` is written.
 
 XLA writes ``dxp`` as a concatenation of the K shifted terms and ``dw`` as K more reductions over the activations.
-The kernels: the first, per tile of outputs, loads the K taps and ``dy`` once, writes ``dpre`` (float32) and the tile's
-partial sums of ``dw`` and ``dbias``; the second writes each tile of ``dxp`` from K shifted reads of ``dpre``.
+The kernels: the first, per tile of outputs, loads the K taps and ``dy`` once, writes ``dpre`` (rounded once to the
+activations' dtype) and the tile's partial sums of ``dw`` and ``dbias`` (from its float32 values); the second writes
+each tile of ``dxp`` from K shifted reads of ``dpre``.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``), ``pallas``, ``pallas_interpret``.
 """
@@ -151,7 +152,7 @@ def _pallas_backward(dy: jax.Array | Sequence[jax.Array], xp: jax.Array, w: jax.
                      segment_ids: jax.Array | None, config: tuning.ShortConvConfig, *, interpret: bool,
                      lead: int = 0) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """The reference's ``(dxp, dw, dbias)`` in two kernels over ``rows x channels`` tiles: the first computes
-    ``dpre [B, T, C]`` (float32) once per output with each program's partial sums of ``dw`` and ``dbias`` (grid
+    ``dpre [B, T, C]`` (in xp's dtype) once per output with each program's partial sums of ``dw`` and ``dbias`` (grid
     ``(B, output row blocks of config.tiles tiles, channel blocks)``; XLA adds the partial sums up), the second
     ``dxp`` from K shifted reads of ``dpre`` (grid ``(B, xp row tiles, channel blocks)``). ``lead``: zero rows before
     ``xp``'s first (``K-1`` at a sequence's start, 0: xp holds them); ``dxp`` has xp's rows. ``dy``: one array or
@@ -187,7 +188,7 @@ def _pallas_backward(dy: jax.Array | Sequence[jax.Array], xp: jax.Array, w: jax.
 
     blocks = pl.cdiv(T, rows * tiles)
     arrays, specs = side_inputs(bias is not None)
-    out_shape = [jax.ShapeDtypeStruct((B, T, C), F32), jax.ShapeDtypeStruct((B, blocks, K, C), F32)]
+    out_shape = [jax.ShapeDtypeStruct((B, T, C), xp.dtype), jax.ShapeDtypeStruct((B, blocks, K, C), F32)]
     out_specs = [pl.BlockSpec((None, rows * tiles, channels), lambda b, r, c: (b, r, c)),
                  pl.BlockSpec((None, None, K, channels), lambda b, r, c: (b, r, 0, c))]
     if bias is not None:
@@ -241,9 +242,9 @@ def _dpre_kernel(*refs, width: int, tiles: int, lead: int, starts: tuple[int, ..
     """``dy_refs [T, BC]`` (dy's dtype: one per piece of dy, the piece from channel block ``starts[i]`` on; the
     program reads the one its channel block is in), ``xp_ref [S, BC]``, ``w_ref [K, BC]`` float32, ``bias_ref [BC]``
     (with a bias), ``ids_ref [S]`` int32 (with ids): this channel block's whole sequence; out ``dpre_ref [tiles * BT,
-    BC]`` float32 (this program's outputs, ``tiles`` tiles of ``BT`` rows in turn; zero past T), ``dw_ref [K, BC]``
-    and ``dbias_ref [BC]`` (with a bias): sums over its outputs. ``lead + S = K-1+T`` (``lead`` zero rows of no
-    document before xp's first), float32 arithmetic."""
+    BC]`` in xp's dtype (this program's outputs, ``tiles`` tiles of ``BT`` rows in turn; zero past T),
+    ``dw_ref [K, BC]`` and ``dbias_ref [BC]`` (with a bias): sums over its outputs. ``lead + S = K-1+T`` (``lead``
+    zero rows of no document before xp's first), float32 arithmetic."""
     dy_refs, (xp_ref, w_ref, *refs) = refs[: len(starts)], refs[len(starts) :]
     bias_ref = refs.pop(0) if has_bias else None
     ids_ref = refs.pop(0) if has_ids else None
@@ -286,8 +287,8 @@ def _dpre_kernel(*refs, width: int, tiles: int, lead: int, starts: tuple[int, ..
 
 
 def _dxp_kernel(*refs, width: int, lead: int, has_ids: bool):
-    """``dpre_ref [T, BC]`` float32 (this channel block's outputs), ``w_ref [K, BC]`` float32, ``ids_ref [S]`` int32
-    (with ids); out ``dxp_ref [BT, BC]``: rows ``s`` of this tile, ``sum_i keep_i[t] * dpre[t] * w[i]`` over the
+    """``dpre_ref [T, BC]`` in xp's dtype (this channel block's outputs), ``w_ref [K, BC]`` float32, ``ids_ref [S]``
+    int32 (with ids); out ``dxp_ref [BT, BC]``: rows ``s`` of this tile, ``sum_i keep_i[t] * dpre[t] * w[i]`` over the
     outputs ``t = lead + s - i`` that read row s as their tap i."""
     dpre_ref, w_ref, *refs = refs
     ids_ref = refs.pop(0) if has_ids else None
