@@ -9,6 +9,9 @@ With ``Hk`` key heads of dim ``dk`` and ``Hv`` value heads (a multiple of ``Hk``
     o, S = chunk_kda(q, k, v, g, beta, use_qk_l2norm=True)
     y = out_proj(out_norm(o) * sigmoid(g_b_proj(g_a)))  g_b_proj: dv -> Hv*dv with bias; out_norm over dv, shared
 
+``[q | k | v]`` and ``[f_a | g_a | b]`` are two matmuls on in_proj's columns: the conv gets its input without a
+copy sliced from the whole projection, and the backward joins no gradients.
+
 ``f_b_proj`` and ``g_b_proj`` use PyTorch's default nn.Linear init (as the reference); the rest ``normal(init_std)``.
 Sown intermediates: ``g [B,T,Hv,dk]``, ``beta [B,T,Hv]`` (float32), ``final_state [B,Hv,dk,dv]`` (float32).
 """
@@ -27,6 +30,7 @@ from hybrid_jax.model.layers import (
     GatedRMSNorm,
     ShortConv,
     a_log_init,
+    column_pieces,
     decay_gate,
     dense,
     dt_bias_init,
@@ -74,8 +78,8 @@ class KimiDeltaAttention(RecurrentMixer):
         """``(y [B,T,D], final state, conv tail)``; ``conv(u) -> (conv output, tail)``; pads (``~valid``) masked."""
         B, T, _ = x.shape
         qk, vd = self.hk * self.dk, self.hv * self.dv
-        qkv, f_a, g_a, b = jnp.split(self.in_proj(x), [2 * qk + vd, 2 * qk + vd + self.dv, 2 * qk + vd + 2 * self.dv],
-                                     axis=-1)
+        qkv, fgb = column_pieces(self.in_proj, x, (2 * qk + vd, 2 * self.dv + self.hv))
+        f_a, g_a, b = jnp.split(fgb, [self.dv, 2 * self.dv], axis=-1)
         (q, k, v), tail = conv(qkv, ((self.hk, self.dk), (self.hk, self.dk), (self.hv, self.dv)))
         f = self.f_b_proj(f_a).reshape(B, T, self.hv, self.dk)
         g = decay_gate(self.A_log[...][:, None], f, self.dt_bias[...].reshape(self.hv, self.dk))

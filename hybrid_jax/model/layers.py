@@ -266,7 +266,28 @@ def column_pieces(linear: nnx.Linear, x: jax.Array, widths: tuple[int, ...]) -> 
     assert linear.bias is None and sum(widths) == linear.out_features, (linear.out_features, widths)
     bounds = np.cumsum((0, *widths))
     x, kernel = x.astype(linear.dtype), linear.kernel[...].astype(linear.dtype)
-    return [jnp.dot(x, kernel[:, a:b], precision=linear.precision) for a, b in itertools.pairwise(bounds)]
+    xs = _distinct_copies(x, len(widths))
+    return [jnp.dot(xi, kernel[:, a:b], precision=linear.precision)
+            for xi, (a, b) in zip(xs, itertools.pairwise(bounds), strict=True)]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _distinct_copies(x: jax.Array, n: int) -> list[jax.Array]:
+    """``n`` names for ``x`` that XLA cannot treat as one (no copy is made): its dot merger would otherwise join
+    matmuls of the same ``x`` into one and copy each consumer's slice out of the joined output. The gradient is the
+    plain sum, left to XLA to fuse into the matmuls."""
+    return jax.lax.optimization_barrier([x] * n)
+
+
+def _distinct_fwd(x: jax.Array, n: int) -> tuple[list[jax.Array], None]:
+    return _distinct_copies(x, n), None
+
+
+def _distinct_bwd(n: int, _: None, cts: list[jax.Array]) -> tuple[jax.Array]:
+    return (functools.reduce(jnp.add, cts),)
+
+
+_distinct_copies.defvjp(_distinct_fwd, _distinct_bwd)
 
 
 def sow(module: nnx.Module, name: str, value: jax.Array) -> None:
