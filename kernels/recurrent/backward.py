@@ -1,11 +1,11 @@
 """Backward launches of the recurrent kernels: the reverse state pass and the gradient pass.
 
 ``state_bwd`` [B, HV, NV]: reverse sequential over chunks, the float32 state gradient in registers: dh snapshots,
-d(v_new), d(initial state). ``grad`` [B, HV, N]: dq, dk, dv, dbeta, d(gamma) per chunk, the WY backward fused in
-or, where ``RecurrentConfig.splits_grad`` (large K V: the fused kernel spills), split in two launches
-``grad_bwd`` (through the output and state update) and ``grad_wy_bwd`` (through the WY transform). Without the delta
-rule and with a scalar gate (Mamba2's SSD) ``grad`` is ``[B, H, N]``: each program sums dq, dk over its q/k head's
-value heads.
+d(v_new), d(initial state). ``grad`` [B, HV, N]: dq, dk, dv, dbeta, d(gamma) per chunk, the WY backward fused in or,
+where ``RecurrentConfig.splits_grad`` (large K V: the fused kernel spills), split in two launches ``grad_bwd`` (through
+the output and state update) and ``grad_wy_bwd`` (through the WY transform). Without the delta rule and with a scalar
+gate (Mamba2's SSD) ``grad`` is ``[B, H, N]``: each program sums dq, dk over its q/k head's value heads. The gradients
+the caller gets as they are (dq, dk summed or of a q/k head per value head, dv) are stored in the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -246,27 +246,32 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, 
 
 def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, dv_new: jax.Array | None,
          do: jax.Array, redo_far: bool = True) -> tuple:
-    """-> ``dq, dk``, ``d(gamma)`` (the gate's shape, float32) and, with the delta rule, ``dv [B,T,HV,V]`` and ``dbeta
-    [B,T,HV]`` float32. ``dq, dk``: per value head ``[B,T,HV,K]`` float32; without the delta rule and with a scalar
-    gate (:func:`_grad_per_key_head`) per q/k head ``[B,T,H,K]`` in ``q``'s dtype, summed over its value heads.
-    ``dh``, ``hdh`` (or None: computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
+    """-> ``dq, dk``, ``d(gamma)`` (the gate's shape, float32) and, with the delta rule, ``dv [B,T,HV,V]`` in v's dtype
+    and ``dbeta [B,T,HV]`` float32. ``dq, dk``: per q/k head ``[B,T,H,K]`` in q's dtype where they are final (summed
+    over the value heads without the delta rule and with a scalar gate: :func:`_grad_per_key_head`; or a q/k head
+    per value head), else per value head ``[B,T,HV,K]`` float32 for the caller to sum. ``dh``, ``hdh`` (or None:
+    computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
     :func:`launch.diagonal_launches`."""
-    if res.beta is None and res.gamma.ndim == 3:
-        return _grad_per_key_head(static, res, dh, hdh, do, redo_far)
     d = dims(static, res.q, res.v, res.gamma)
     s, C, cfg = d.specs, static.chunk, static.cfg
     delta = res.beta is not None
+    split = delta and cfg.splits_grad(d.K, d.V)
+    if res.gamma.ndim == 3 and not delta:
+        return _grad_per_key_head(static, res, dh, hdh, do, redo_far)
     grid = (d.B, d.HV, d.N)
     run = functools.partial(diagonal_launches, static=static, grid=grid, causal=False, redo_far=redo_far,
                             per_program=cfg.chunks_per_program_at(d.K, d.V))
+    final = d.HV == res.q.shape[2]  # a q/k head per value head: the launch's dq, dk are the final ones
     key_rows = (sds((d.B, d.T, d.HV, d.K), F32), s.rows(d.K))
-    grads = {"dq_ref": key_rows, "dk_ref": key_rows, "dgamma_ref": (sds(res.gamma.shape, F32), s.gate())}
-    wy_grads = {"dv_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.rows(d.V)),
+    final_rows = (sds((d.B, d.T, d.HV, d.K), res.q.dtype), s.rows(d.K)) if final else key_rows
+    grads = {"dq_ref": final_rows, "dk_ref": key_rows if split else final_rows,
+             "dgamma_ref": (sds(res.gamma.shape, F32), s.gate())}
+    wy_grads = {"dv_ref": (sds((d.B, d.T, d.HV, d.V), res.v.dtype), s.rows(d.V)),
                 "dbeta_ref": (sds((d.B, d.T, d.HV), F32), s.vec())}
     hdh_in = {} if hdh is None else {"hdh_ref": (hdh, s.chunk_keys(d.K))}
     rel_in = {} if res.rel is None else {"rel_ref": (res.rel, s.seg())}
     kernel = functools.partial(_grad_kernel, scale=static.scale)
-    if not delta or cfg.splits_grad(d.K, d.V):
+    if not delta or split:
         inputs = {"q_ref": (res.q, s.qk(d.K)), "k_ref": (res.k, s.qk(d.K)), "gamma_ref": (res.gamma, s.gate()),
                   "h_ref": (res.h, s.snapshot(d.K, d.V)), "dh_ref": (dh, s.snapshot(d.K, d.V)),
                   "v_new_ref": (res.v_new, s.rows(d.V)), "do_ref": (do, s.rows(d.V))} | hdh_in | rel_in
@@ -279,7 +284,7 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
                   "t_ref": (res.t, s.rows(C)), "h_ref": (res.h, s.snapshot(d.K, d.V)),
                   "dv_new_ref": (dv_new, s.rows(d.V)), "dk_in_ref": (dk, s.rows(d.K)),
                   "dgamma_in_ref": (dgamma, s.gate())} | rel_in
-        outputs = {"dk_ref": grads["dk_ref"], "dgamma_ref": grads["dgamma_ref"]} | wy_grads
+        outputs = {"dk_ref": final_rows, "dgamma_ref": grads["dgamma_ref"]} | wy_grads
         dk, dgamma, dv, dbeta = run(_grad_wy_kernel, "grad_wy_bwd", cfg.grad_wy, inputs=inputs, outputs=outputs,
                                     gate="gamma_ref", dgate="dgamma_ref")
         return dq, dk, dgamma, dv, dbeta
