@@ -150,12 +150,21 @@ def family_table(rows: Iterable[tuple[str, float, float]], steps: int = 1) -> li
             for name in FAMILIES]
 
 
+def outside_matmuls(table: list[dict]) -> float:
+    """Of a :func:`family_table`, the ms per step outside the matmul families' matmul events: every other family's
+    time and what the LM head's, the MLPs', the mixers' projections' and attention's families run besides matmuls."""
+    return sum(r["ms"] - (r["matmul_ms"] if r["name"] in MATMUL_FAMILIES else 0.0) for r in table)
+
+
 def format_families(table: list[dict], steps: int) -> list[str]:
     """The family table as text lines: ms per step, share, TFLOP/s of the matmul families (with their matmuls'
-    time), under each family its three biggest ops (a row's ``top_ops``, where the table has them)."""
+    time), under each family its three biggest ops (a row's ``top_ops``, where the table has them), then the time
+    outside the matmuls (:func:`outside_matmuls`)."""
     lines = [f"by op family (per step, {steps} traced; TFLOP/s: the family's matmul FLOPs over those events' time):"]
     for r in table:
         rate = f"  {r['tflops']:7.4g} TFLOP/s over {r['matmul_ms']:.3f} ms" if r["tflops"] is not None else ""
         lines.append(f"  {r['name']:<20} {r['ms']:9.3f} ms {100 * r['share']:5.1f}%{rate}")
         lines += [f"      {o['ms']:9.3f} ms  {o['name'][:60]}" for o in r.get("top_ops", [])[:3]]
+    total, rest = sum(r["ms"] for r in table), outside_matmuls(table)
+    lines.append(f"  outside the matmuls  {rest:9.3f} ms {100 * rest / total if total else 0.0:5.1f}%")
     return lines

@@ -121,11 +121,12 @@ def self_ms(events: list[dict]) -> list[float]:
 
 def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, steps: int = 1) -> dict:
     """``{"busy_ms", "source", "ops": [{name, ms, share, count, scope, family}], "categories": {cat: ms}, "scopes":
-    [tree rows], "families": [rows], "steps", "hlo", "arg_keys": {key: events}, "arg_sample": [{name, dur, args}]}``
-    of a trace. ``hlo``: the step's HLO text file (default: ``step_hlo.txt`` next to the trace, if any); without it
-    ``scopes`` is empty and ``families`` None. ``families``: :func:`benchmarks.op_families.family_table` per step of
-    the ``steps`` the trace holds, each row with ``top_ops``: its :data:`FAMILY_TOP` biggest ops ``{name, ms, count,
-    scope}`` per step."""
+    [tree rows], "families": [rows], "steps", "outside_matmuls_ms", "hlo", "arg_keys": {key: events}, "arg_sample":
+    [{name, dur, args}]}`` of a trace. ``hlo``: the step's HLO text file (default: ``step_hlo.txt`` next to the
+    trace, if any); without it ``scopes`` is empty and ``families`` None. ``families``:
+    :func:`benchmarks.op_families.family_table` per step of the ``steps`` the trace holds, each row with
+    ``top_ops``: its :data:`FAMILY_TOP` biggest ops ``{name, ms, count, scope}`` per step; ``outside_matmuls_ms``:
+    :func:`benchmarks.op_families.outside_matmuls` of it (None without)."""
     path = find_trace(trace)
     if hlo is None:
         near = [Path(trace) / HLO_FILE] if Path(trace).is_dir() else []
@@ -199,8 +200,9 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
         row["top_ops"] = [dict(name=n, ms=ms / steps, count=c / steps, scope=scope.get(n, ""))
                           for n, (ms, c) in mine[:FAMILY_TOP]]
     return dict(busy_ms=busy, source=source, ops=ops, categories=dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-                scopes=scope_tree(by_path, busy), families=families, steps=steps, hlo=str(hlo) if hlo else None,
-                arg_keys=dict(arg_keys.most_common()), arg_sample=sample)
+                scopes=scope_tree(by_path, busy), families=families, steps=steps,
+                outside_matmuls_ms=op_families.outside_matmuls(families) if families else None,
+                hlo=str(hlo) if hlo else None, arg_keys=dict(arg_keys.most_common()), arg_sample=sample)
 
 
 def _family(index: HloIndex, names: list[str]) -> tuple[str, float]:

@@ -11,7 +11,8 @@ JSON object and saves it as the record ``train_<model name>`` (or ``--name``): t
 shards the latter), the first and last loss and the number of skipped steps. Timed steps exclude the ``--warmup``
 steps (compilation included there). ``--profile DIR``: the summary of a trace of ``--profile-steps`` more steps
 (``benchmarks/trace_summary.py``) is printed and kept in the record as ``profile``, with ``profile.families`` the
-device time per step by op family and the TFLOP/s of the matmul families (``benchmarks/op_families.py``).
+device time per step by op family and the TFLOP/s of the matmul families (``benchmarks/op_families.py``), and
+``profile.outside_matmuls_ms`` the time per step outside their matmuls.
 """
 
 from __future__ import annotations

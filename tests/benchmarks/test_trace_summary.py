@@ -281,11 +281,17 @@ def test_op_families_of_a_gpu_step(tmp_path, capsys):
     assert tflops["LM head and loss"] == pytest.approx(2 * 4 * 32 * 512 * 64 / 12e-6 / 1e12)  # not over 16 us
     assert tflops["attention"] == pytest.approx(3 * SCORES * (64 + 32) / 24e-6 / 1e12)
     assert family["LM head and loss"]["matmul_ms"] == pytest.approx(0.012)
+    # outside the matmuls: every family's time less the matmul families' matmul events (per step)
+    matmuls = ("%mlp_gemm ", "%proj_gemm ", "%fmha ", "%fmha_bwd ", "%logits_fusion ")  # not the gemm's memset
+    matmul_ms = sum(us / 1e3 for hlo, _, us, _ in STEP_OPS if hlo.startswith(matmuls))
+    assert matmul_ms == pytest.approx(0.052)
+    assert s["outside_matmuls_ms"] == pytest.approx(s["busy_ms"] / 2 - matmul_ms, abs=1e-12)
     assert all(tflops[name] is None for name in FAMILIES if name not in MATMUL_FAMILIES)
     assert "by op family" in format_summary(s)
     main([str(tmp_path), "--families", "--steps", "2"])
     out = capsys.readouterr().out
     assert out.startswith("by op family") and "by scope" not in out and "1.678 TFLOP/s" in out
+    assert f"outside the matmuls  {s['outside_matmuls_ms']:9.3f} ms" in out
 
 
 def test_family_markers_name_the_model_code():
