@@ -275,7 +275,8 @@ def column_pieces(linear: nnx.Linear, x: jax.Array, widths: tuple[int, ...]) -> 
 def _distinct_copies(x: jax.Array, n: int) -> list[jax.Array]:
     """``n`` names for ``x`` that XLA cannot treat as one (no copy is made): its dot merger would otherwise join
     matmuls of the same ``x`` into one and copy each consumer's slice out of the joined output. The gradient is the
-    plain sum, left to XLA to fuse into the matmuls."""
+    plain sum: XLA fuses it into a Triton matmul's epilogue, but where its autotuner picks cuBLAS for that matmul
+    on a GPU the add runs as a kernel of its own."""
     return jax.lax.optimization_barrier([x] * n)
 
 

@@ -252,12 +252,12 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
     per value head), else per value head ``[B,T,HV,K]`` float32 for the caller to sum. ``dh``, ``hdh`` (or None:
     computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
     :func:`launch.diagonal_launches`."""
+    if res.beta is None and res.gamma.ndim == 3:
+        return _grad_per_key_head(static, res, dh, hdh, do, redo_far)
     d = dims(static, res.q, res.v, res.gamma)
     s, C, cfg = d.specs, static.chunk, static.cfg
     delta = res.beta is not None
     split = delta and cfg.splits_grad(d.K, d.V)
-    if res.gamma.ndim == 3 and not delta:
-        return _grad_per_key_head(static, res, dh, hdh, do, redo_far)
     grid = (d.B, d.HV, d.N)
     run = functools.partial(diagonal_launches, static=static, grid=grid, causal=False, redo_far=redo_far,
                             per_program=cfg.chunks_per_program_at(d.K, d.V))
