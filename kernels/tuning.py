@@ -219,6 +219,13 @@ RECURRENT_AT_DIMS: dict[tuple[str, str, int, int], RecurrentConfig] = {
         grad=Launch(4, 3),
         grad_wy=Launch(4, 1),
     ),
+    ("sm90", "gla", 64, 64): dataclasses.replace(  # NOTES.md "sm90 GLA at K = V = 64"
+        RECURRENT["sm90"],
+        block_v=128,
+        state=Launch(4, 3),
+        state_bwd=Launch(4, 3),
+        grad=Launch(4, 2),
+    ),
 }
 
 

@@ -142,6 +142,7 @@ def test_short_conv_backward_is_two_triton_calls(arch: str, use_bias: bool, docu
 
 @pytest.mark.parametrize("op, K, V, chunk, stages", [
     ("gdn", 64, 64, 64, (3, 3)),  # GDN at the 300M shape: its own entry (RECURRENT_AT_DIMS) fits 3 stages
+    ("gla", 64, 64, 64, (3, 3)),  # Mamba2 at the hybrids' shape: its own entry, 3 stages at the 128-wide V tile
     ("gdn", 64, 128, 64, (2, 2)),  # the sm90 entry's 64-wide V tile at K 64: the bytes the H200 allocated
     ("kda", 128, 128, 16, (3, 3)),  # KDA at the anchor, its tuned chunk: unchanged
     ("kda", 128, 128, 64, (2, 2)),  # KDA at chunk 64: the 3-stage launches tuned at chunk 16 would overflow

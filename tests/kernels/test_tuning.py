@@ -54,7 +54,7 @@ def test_entries_at_head_dims_come_before_the_arch_entry(monkeypatch):
     assert at is tuning.RECURRENT_AT_DIMS[("sm90", "gdn", 64, 64)] and at != tuning.RECURRENT["sm90"]
     assert at.documents_branch and at.split_grad_from == tuning.RECURRENT["sm90"].split_grad_from
     assert tuning.recurrent_config("sm90", op="gdn", dims=(128, 128)) is tuning.RECURRENT["sm90"]
-    assert tuning.recurrent_config("sm90", op="gla", dims=(64, 64)) is tuning.RECURRENT["sm90"]
+    assert tuning.recurrent_config("sm90", op="gla", dims=(128, 128)) is tuning.RECURRENT["sm90"]
     assert tuning.recurrent_config("gfx942", op="gdn", dims=(64, 64)) is tuning.RECURRENT["gfx942"]
     monkeypatch.setattr(tuning, "current_arch", lambda: "sm90")
     assert tuning.recurrent_config(op="gdn", dims=(64, 64)) is at
