@@ -126,3 +126,20 @@ def test_finite_loss_and_gradient_with_an_overflowing_update_is_skipped():
     assert not bool(metrics["finite"]) and int(metrics["skipped"]) == 1 and int(metrics["skipped_in_a_row"]) == 1
     for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state["params"])), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_step_xla_options_per_architecture_and_the_users_flags_stand(monkeypatch):
+    """sm90 compiles the step without XLA's Triton GEMMs; other architectures get no options; a flag the user's
+    ``XLA_FLAGS`` sets (with or without a value) is theirs, and a flag of a longer name does not count."""
+    from types import SimpleNamespace
+
+    from hybrid_jax.train.step.train_step import step_xla_options
+
+    h200 = SimpleNamespace(device_kind="NVIDIA H200", platform="gpu")
+    mi300 = SimpleNamespace(device_kind="AMD Instinct MI300X", platform="rocm")
+    assert step_xla_options(jax.devices()[0]) == {}  # (XLA reads XLA_FLAGS once, here, before they change)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm_any=true")
+    assert step_xla_options(h200) == {"xla_gpu_enable_triton_gemm": False} and step_xla_options(mi300) == {}
+    for flags in ("--xla_gpu_enable_triton_gemm=true", "--a=1 --xla_gpu_enable_triton_gemm"):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert step_xla_options(h200) == {}

@@ -16,6 +16,8 @@ make a round trip through memory.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 
 from hybrid_jax.data.pipeline import Batch
+from hybrid_jax.kernels import tuning
 from hybrid_jax.train.step import mesh as mesh_lib
 from hybrid_jax.train.step.context_loss import context_batch_loss
 from hybrid_jax.train.step.loss import model_loss
@@ -151,6 +154,18 @@ def batch_loss(params: dict, graphdef: nnx.GraphDef, batch: Batch, chunk_size: i
                       chunk_size=chunk_size)
 
 
+# XLA's compile options for the step, per architecture (benchmarks/NOTES.md "XLA's Triton GEMMs on sm90")
+STEP_XLA_OPTIONS: dict[str, dict[str, bool]] = {"sm90": {"xla_gpu_enable_triton_gemm": False}}
+
+
+def step_xla_options(device: jax.Device) -> dict[str, bool]:
+    """The compile options of the train step on ``device``'s architecture (:data:`STEP_XLA_OPTIONS`), less any
+    that the user's ``XLA_FLAGS`` sets: the user's value stands."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    options = STEP_XLA_OPTIONS.get(tuning.arch_of(device.device_kind, device.platform), {})
+    return {name: value for name, value in options.items() if not re.search(rf"--{name}(=|\s|$)", flags)}
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
@@ -212,7 +227,8 @@ def make_train_step(
         return out, metrics
 
     batch_sh = mesh_lib.batch_sharding(mesh)
-    jitted = jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
+    jitted = jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0,
+                     compiler_options=step_xla_options(mesh.devices.flat[0]))
 
     def run(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
         with jax.set_mesh(mesh):  # traced under the mesh: the Pallas kernels then run per batch shard (shard_map)
