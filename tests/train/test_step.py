@@ -137,7 +137,7 @@ def test_step_xla_options_per_architecture_and_the_users_flags_stand(monkeypatch
 
     h200 = SimpleNamespace(device_kind="NVIDIA H200", platform="gpu")
     mi300 = SimpleNamespace(device_kind="AMD Instinct MI300X", platform="rocm")
-    assert step_xla_options(jax.devices()[0]) == {}  # (XLA reads XLA_FLAGS once, here, before they change)
+    assert step_xla_options(jax.devices()[0]) == {}  # first: XLA starts here and reads XLA_FLAGS, which then change
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm_any=true")
     assert step_xla_options(h200) == {"xla_gpu_enable_triton_gemm": False} and step_xla_options(mi300) == {}
     for flags in ("--xla_gpu_enable_triton_gemm=true", "--a=1 --xla_gpu_enable_triton_gemm"):
