@@ -324,8 +324,9 @@ def test_op_families_of_a_real_train_step_on_cpu(tmp_path):
     (about 8 s on CPU): the matmul FLOPs per traced step are the model's, the shares add up to 1."""
     config = configs.load(configs.CONFIG_DIR / "demo.py", ["model.pattern=*-", "model.num_layers=2"])
     config.train.global_batch_size = config.train.micro_batch_size
-    profile = benchmark(config, steps=1, warmup=1, profile=str(tmp_path), profile_steps=2,
-                        devices=jax.devices()[:1])["profile"]
+    result = benchmark(config, steps=1, warmup=1, profile=str(tmp_path), profile_steps=2, devices=jax.devices()[:1])
+    profile = result["profile"]
+    assert result["xla_options"] == {}  # the record says which compile options the step had: none on CPU
     family = {r["name"]: r for r in profile["families"]}
     m, mla = config.model, config.model.mla
     D, H, T = m.hidden_size, mla.num_heads, config.train.seq_len
