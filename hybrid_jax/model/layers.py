@@ -275,8 +275,9 @@ def column_pieces(linear: nnx.Linear, x: jax.Array, widths: tuple[int, ...]) -> 
 def _distinct_copies(x: jax.Array, n: int) -> list[jax.Array]:
     """``n`` names for ``x`` that XLA cannot treat as one (no copy is made): its dot merger would otherwise join
     matmuls of the same ``x`` into one and copy each consumer's slice out of the joined output. The gradient is the
-    plain sum: XLA fuses it into a Triton matmul's epilogue, but where its autotuner picks cuBLAS for that matmul
-    on a GPU the add runs as a kernel of its own."""
+    plain sum: on sm90, where the step is compiled without XLA's Triton GEMMs (``train_step.STEP_XLA_OPTIONS``), it
+    rides in a cuBLAS matmul's C operand; with Triton GEMMs XLA fuses it into one's epilogue, but where the GPU
+    autotuner then picks cuBLAS for that matmul the add runs as a kernel of its own."""
     return jax.lax.optimization_barrier([x] * n)
 
 
