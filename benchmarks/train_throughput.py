@@ -32,7 +32,6 @@ from hybrid_jax.flops import flops_per_token, peak_flops
 from hybrid_jax.kernels import tuning_file
 from hybrid_jax.model import count_params
 from hybrid_jax.train.report.metrics import device_memory_gib
-from hybrid_jax.train.step.train_step import step_xla_options
 from hybrid_jax.train.trainer import build_trainer
 
 
@@ -109,7 +108,7 @@ def benchmark(config, *, steps: int, warmup: int, profile: str = "", profile_ste
         jax=jax.__version__,
         kernel_impl=config.model.kernel_impl,
         launch_configs=launch_configs,
-        xla_options=step_xla_options(mesh.devices.flat[0]),  # the step's compile options (train_step.STEP_XLA_OPTIONS)
+        xla_options=step.xla_options,  # the step's compile options (train_step.STEP_XLA_OPTIONS)
         xla_flags=os.environ.get("XLA_FLAGS", ""),
         dtype=config.model.dtype,
         remat=config.model.remat,

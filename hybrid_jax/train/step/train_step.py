@@ -177,7 +177,8 @@ def make_train_step(
 ) -> Callable[[State, jax.Array], tuple[State, dict[str, jax.Array]]]:
     """The jitted ``step(state, batch) -> (state, metrics)`` with donated state (``batch``: a
     :class:`~hybrid_jax.data.pipeline.Batch` of ``[B, T+1]`` int32 arrays); ``step.lower(state, batch)`` lowers it
-    ahead of time (abstract arguments allowed).
+    ahead of time (abstract arguments allowed); ``step.xla_options``: the compile options it was jitted with
+    (:func:`step_xla_options`).
 
     ``metrics``: float32 ``loss`` (mean over the batch's tokens), ``grad_norm`` (before clipping), ``lr``
     (of this update), bool ``finite``, int32 ``skipped`` and ``skipped_in_a_row``.
@@ -227,8 +228,9 @@ def make_train_step(
         return out, metrics
 
     batch_sh = mesh_lib.batch_sharding(mesh)
+    options = step_xla_options(mesh.devices.flat[0])
     jitted = jax.jit(step, in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0,
-                     compiler_options=step_xla_options(mesh.devices.flat[0]))
+                     compiler_options=options)
 
     def run(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
         with jax.set_mesh(mesh):  # traced under the mesh: the Pallas kernels then run per batch shard (shard_map)
@@ -240,4 +242,5 @@ def make_train_step(
             return jitted.lower(state, batch)
 
     run.lower = lower
+    run.xla_options = options
     return run
