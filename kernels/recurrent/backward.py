@@ -69,7 +69,7 @@ def _state_bwd_kernel(*, q_ref,  # [T, K]
                       dfinal_ref,  # [K, BV]: the gradient of the final state
                       dh0_ref,  # [K, BV] out, float32: the gradient of the initial state
                       dh_ref=None,  # [N, K, BV] out: the gradient of each chunk's end state (None: dh0 only)
-                      dv_new_ref=None,  # [T, BV] out, float32 (None: dh0 only)
+                      dv_new_ref=None,  # [T, BV] out, float32; without the delta rule v's dtype (None: dh0 only)
                       w_ref=None,  # [T, K] (delta rule)
                       p_ref=None,  # [T, C]: P from the forward, else recomputed (scalar gate only)
                       h_ref=None,  # [N, K, BV]: the forward's snapshots, with hdh_ref
@@ -196,9 +196,10 @@ def _grad_wy_kernel(*, k_ref,  # [C, K]
 
 
 def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, start_only: bool = False) -> tuple:
-    """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` float32, d(initial
-    state) ``[B,HV,K,V]`` float32 and, where ``RecurrentConfig.hdh_in_state_bwd``, ``hdh [B,N,HV,K]`` float32
-    (``sum_v h dh`` per chunk, from the float32 ``dh``), else None. ``start_only``: d(initial state) alone, nothing
+    """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` (float32 with the delta
+    rule, which the gradient pass reads; else ``dv`` itself, in v's dtype), d(initial state) ``[B,HV,K,V]`` float32
+    and, where ``RecurrentConfig.hdh_in_state_bwd``, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh`` per chunk, from the
+    float32 ``dh``), else None. ``start_only``: d(initial state) alone, nothing
     else written (a context shard's own start-state gradient: ``kernels/recurrent/context.py``)."""
     delta = res.w is not None
     d = dims(static, res.q, do, res.gamma, static.cfg.state_bwd_block_v(delta))
@@ -227,7 +228,7 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, 
         inputs["rel_ref"] = (res.rel, s.tokens_seq())
     outputs = {} if start_only else {
         "dh_ref": (sds((d.B, d.N, d.HV, d.K, d.V), res.q.dtype), s.snapshots_seq(d.N, d.K)),
-        "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32), s.vtile_seq())}
+        "dv_new_ref": (sds((d.B, d.T, d.HV, d.V), F32 if delta else res.v.dtype), s.vtile_seq())}
     outputs["dh0_ref"] = (sds((d.B, d.HV, d.K, d.V), F32), s.state_seq(d.K))
     if hdh:
         outputs["hdh_ref"] = (sds((d.B, d.N, d.HV, d.V // d.BV, d.K), F32), s.keys_per_vtile_seq(d.N, d.K))

@@ -64,6 +64,25 @@ def test_output_in_the_state_pass(kind, chunk):
     assert "output_fwd" in program(base) and "output_fwd" not in program(config)
 
 
+@pytest.mark.parametrize("kind", ["gla", "gdn", "kda"])
+def test_reverse_state_pass_writes_dv_in_vs_dtype_without_the_delta_rule(kind):
+    """The reverse state pass's ``d(v_new)`` in bf16: without the delta rule (GLA) it is the op's ``dv``, written in
+    v's dtype (no float32 copy for XLA to read and convert); with it the gradient pass reads it, in float32."""
+    from hybrid_jax.kernels.recurrent import op
+
+    p = problem(kind, T=32, dtype="bfloat16")
+    x, (do, dfinal) = make_inputs(p, 4)
+
+    def dv_new(x, do, dfinal):
+        a = op.prepare(x["q"], x["k"], x["v"], x["g"], x.get("beta"), scale=None, initial_state=x["initial_state"],
+                       use_qk_l2norm=False, chunk_size=16, interpret=True, config=None, segment_ids=None)
+        _, _, res = op._forward(a.static, a.q, a.k, a.v, a.gamma, a.beta, a.h0, a.rel)
+        return recurrent.state_bwd(a.static, res, do, dfinal)[1]
+
+    out = jax.eval_shape(dv_new, x, do, dfinal)
+    assert out.shape == x["v"].shape and out.dtype == (jax.numpy.bfloat16 if kind == "gla" else jax.numpy.float32)
+
+
 def kda_stages(seed: int, fall_rows: tuple[int, ...], T: int, levels_chunks: int):
     """A KDA problem at chunk 16 (``T / 16`` chunks of one 16-row block) whose gate falls by 100 at each of
     ``fall_rows``, and every stage's static and arguments: ``wy``, ``wy_p`` (``wy`` also storing the output's ``P``),
