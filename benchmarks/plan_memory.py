@@ -31,7 +31,8 @@ collectives mocked) makes the one GPU compile the step for all ``n``; the memory
 device of the mesh, and nothing runs. ``--gpu SPEC`` plans for GPUs without any: XLA's GPU compiler compiles the
 step for ``n`` compile-only devices that a target description gives (``benchmarks/gpu_specs/SPEC.txtpb``, e.g.
 ``h200``, or a file; JAX's CUDA plugin must be installed: ``scripts/setup.sh dev,cuda``), with the kernels' tables
-and choices of that device (``tuning.target_device``). Saves the record
+and choices of that device (``tuning.target_device``), except the attention: ``kernel_impl=auto`` compiles it as the
+Pallas flash kernel there, since cuDNN's compiles only against a live GPU. Saves the record
 ``plan_memory_<model name>_d<data>_f<fsdp>`` (plus ``_c<context>`` with a context axis; or ``--name``).
 """
 
@@ -216,11 +217,18 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"data {args.data} x fsdp {args.fsdp} x context {context} needs {n} devices, this process sees "
                  f"{len(jax.devices())} (--cpu: host CPU devices; --gpu: GPUs it does not have)")
     config.train.global_batch_size = config.train.micro_batch_size * args.accum * args.data * args.fsdp
+    flash = spec is not None and config.model.kernel_impl == "auto"
+    if flash:  # cuDNN compiles its attention against a live device; every other kernel is as "auto" on the GPU
+        config.model.kernel_impl = "pallas"
+        print("compile-only GPUs: the attention compiles as the Pallas flash kernel (cuDNN's needs a GPU to compile); "
+              "the other kernels as on the GPU", file=sys.stderr, flush=True)
     result = plan(config, devices, compile_step=not args.no_compile)
     if spec:  # the record's gpu is this machine; the step was compiled for the description's
         repo = SPECS.resolve().parent.parent
         where = spec.resolve().relative_to(repo) if spec.resolve().is_relative_to(repo) else spec.name
         result["compiled_for"] = f"{where} (compile-only devices: no GPU ran)"
+        if flash:
+            result["attention"] = "the Pallas flash kernel (a GPU run's auto picks cuDNN's)"
     print(summary(result), flush=True)
     print(json.dumps(result, indent=1), flush=True)
     name = f"plan_memory_{config.model.name}_d{args.data}_f{args.fsdp}" + (f"_c{context}" if context > 1 else "")
