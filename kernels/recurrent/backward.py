@@ -199,8 +199,8 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, 
     """-> ``dh [B,N,HV,K,V]`` (gradient of each chunk's end state), ``d(v_new) [B,T,HV,V]`` (float32 with the delta
     rule, which the gradient pass reads; else ``dv`` itself, in v's dtype), d(initial state) ``[B,HV,K,V]`` float32
     and, where ``RecurrentConfig.hdh_in_state_bwd``, ``hdh [B,N,HV,K]`` float32 (``sum_v h dh`` per chunk, from the
-    float32 ``dh``), else None. ``start_only``: d(initial state) alone, nothing
-    else written (a context shard's own start-state gradient: ``kernels/recurrent/context.py``)."""
+    float32 ``dh``), else None. ``start_only``: d(initial state) alone, nothing else written (a context shard's own
+    start-state gradient: ``kernels/recurrent/context.py``)."""
     delta = res.w is not None
     d = dims(static, res.q, do, res.gamma, static.cfg.state_bwd_block_v(delta))
     s, C = d.specs, static.chunk
