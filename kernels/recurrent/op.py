@@ -80,7 +80,7 @@ def backward(static: Static, res: Residuals, do, dfinal):
         group = (B, T, H, res.v.shape[2] // H, K)
         dq, dk = dq.reshape(group).sum(3), dk.reshape(group).sum(3)
     dq, dk = dq.astype(res.q.dtype), dk.astype(res.k.dtype)
-    return dq, dk, dv.astype(res.v.dtype), dgamma, dbeta, dh0, None
+    return dq, dk, dv, dgamma, dbeta, dh0, None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
