@@ -54,6 +54,8 @@ PARTS = {  # name: (module, one line)
                   "by real steps (--steps)"),
     "plan_memory": ("benchmarks.plan_memory", "per-device memory of a config's train step at a data x fsdp mesh, "
                     "from the compiled step, no weights allocated (--cpu: on host devices)"),
+    "norm_launches": ("benchmarks.norm_launches", "a launch sweep of the RMSNorm kernels (the residual add's, the "
+                      "gated ones) at a config's shapes, beside the current launch: choosing NormConfig"),
     "small_ops": ("benchmarks.small_ops", "norms, SwiGLU, short conv and cross-entropy under XLA against the "
                   "memory / matmul roofline"),
     "embedding_grad": ("benchmarks.embedding_grad", "the token embedding's gradient on mock and on real text's ids: "
