@@ -33,7 +33,10 @@ from hybrid_jax.kernels.rms_norm import add_rms_norm
 from hybrid_jax.kernels.tooling.timing import median_ms
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-TOLERANCE = 0.05  # largest |kernel - XLA| of a bf16 output or gradient, over the largest |XLA| (bf16 rounding: 0.008)
+# Largest |kernel - XLA| of an output or gradient over the largest |XLA| (bf16 rounding: about 0.008). Worst element,
+# not kernels.tooling.errors' relative RMS: a launch gone wrong breaks a tile's rows (a mask, a ragged tile), which a
+# norm over 65,536 rows would average away.
+TOLERANCE = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,15 +73,15 @@ def make_ops(cfg, rows: int) -> list[NormOp]:
     ]
 
 
-def functions(op: NormOp, impl: str, launch: tuning.NormConfig | None, dy) -> tuple[Callable, Callable]:
+def functions(op: NormOp, impl: str, launch: tuning.NormConfig, dy) -> tuple[Callable, Callable]:
     """``fwd(*inputs)`` and ``fwd_bwd(dy, *inputs) -> (outputs, gradients)`` of ``op`` by ``impl``, compiled with
-    ``launch`` as the norms' config (None: the current one)."""
+    ``launch`` as the norms' config."""
 
     def fwd_bwd(dy, *x):
         y, vjp = jax.vjp(lambda *a: op.fn(*a, impl=impl), *x)
         return y, vjp(dy)
 
-    with mock.patch.object(tuning, "NormConfig", (lambda: launch) if launch else tuning.NormConfig):
+    with mock.patch.object(tuning, "NormConfig", lambda: launch):
         return (jax.jit(lambda *x: op.fn(*x, impl=impl)).lower(*op.inputs).compile(),
                 jax.jit(fwd_bwd).lower(dy, *op.inputs).compile())
 
@@ -96,7 +99,7 @@ def sweep(op: NormOp, launches: list[tuning.NormConfig], impl: str, repeats: int
     y = jax.eval_shape(lambda *x: op.fn(*x, impl="xla"), *op.inputs)
     keys = iter(jax.random.split(jax.random.key(1), 8))
     dy = jax.tree.map(lambda s: jax.random.normal(next(keys), s.shape, jnp.float32).astype(s.dtype), y)
-    want = functions(op, "xla", None, dy)[1](dy, *op.inputs)
+    want = functions(op, "xla", tuning.NormConfig(), dy)[1](dy, *op.inputs)
     rows = []
     for launch in launches:
         fwd, fwd_bwd = functions(op, impl, launch, dy)
