@@ -8,7 +8,9 @@ For logits ``[C, V]`` (stored in the compute dtype), targets ``[C]`` and per-row
 computed in float32 from the stored logits, ``- onehot`` applied before the rounding (see
 ``hybrid_jax.train.step.loss``). XLA makes three passes over the logits (the max, the sum of exponentials, then
 ``dlogits``); the kernel makes two: one program per ``rows`` rows sweeps the vocabulary once with a running max and
-sum (online log-sum-exp), then again to write ``dlogits``. At the 300M recipe's chunk (4,096 x 128,256 bf16) the
+sum (online log-sum-exp), then again, from the last tile to the first, to write ``dlogits``: the tiles read last are
+the likeliest still in L2, and the loads and stores carry L2 eviction hints to that end (the first sweep's tiles
+kept, the second sweep's and ``dlogits`` evicted first). At the 300M recipe's chunk (4,096 x 128,256 bf16) the
 logits are 1 GB per pass, so this is memory traffic, not arithmetic.
 
 The vocabulary need not be a multiple of ``block_v``: the last column tile is masked (``-inf`` in, nothing out).
@@ -83,16 +85,16 @@ def _kernel(logits_ref, targets_ref, weight_ref, dlogits_ref, lse_ref, *, vocab:
     rows = logits_ref.shape[0]
     full, tail = divmod(vocab, block_v)
 
-    def tile(j, masked: bool):
+    def tile(j, masked: bool, policy: str):
         cols = j * block_v + lax.broadcasted_iota(jnp.int32, (rows, block_v), 1)
         ref = logits_ref.at[:, pl.ds(j * block_v, block_v)]
-        if masked:
-            return cols, pltriton.load(ref, mask=cols < vocab, other=-jnp.inf).astype(F32)
-        return cols, ref[...].astype(F32)
+        x = pltriton.load(ref, mask=cols < vocab if masked else None, other=-jnp.inf if masked else None,
+                          eviction_policy=policy)
+        return cols, x.astype(F32)
 
     def stats(j, carry, masked: bool):
         m, s = carry
-        _, x = tile(j, masked)
+        _, x = tile(j, masked, "evict_last")
         m_new = jnp.maximum(m, jnp.max(x, axis=1))
         return m_new, s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(x - m_new[:, None]), axis=1)
 
@@ -105,17 +107,13 @@ def _kernel(logits_ref, targets_ref, weight_ref, dlogits_ref, lse_ref, *, vocab:
     target = targets_ref[...]
     weight = weight_ref[...]
 
-    def write(j, _, masked: bool):
-        cols, x = tile(j, masked)
+    def write(j, masked: bool):
+        cols, x = tile(j, masked, "evict_first")
         d = (jnp.exp(x - lse[:, None]) - (cols == target[:, None]).astype(F32)) * weight[:, None]
-        ref = dlogits_ref.at[:, pl.ds(j * block_v, block_v)]
-        if masked:
-            pltriton.store(ref, d.astype(dlogits_ref.dtype), mask=cols < vocab)
-        else:
-            ref[...] = d.astype(dlogits_ref.dtype)
-        return _
+        pltriton.store(dlogits_ref.at[:, pl.ds(j * block_v, block_v)], d.astype(dlogits_ref.dtype),
+                       mask=cols < vocab if masked else None, eviction_policy="evict_first")
 
-    lax.fori_loop(0, full, functools.partial(write, masked=False), 0)
-    if tail:
-        write(full, 0, masked=True)
+    if tail:  # the second sweep backwards: the last tiles read are the first read again
+        write(full, masked=True)
+    lax.fori_loop(0, full, lambda i, c: (write(full - 1 - i, masked=False), c)[1], 0)
     lse_ref[...] = lse
