@@ -68,8 +68,8 @@ PARTS = {  # name: (module, one line)
     "fla_parity": ("benchmarks.fla_parity", "FLA's own model classes on our export, and FLA's init in our trainer"),
     "loss_parity": ("benchmarks.loss_parity", "loss curves of our trainer and FLA (or our PyTorch export) over "
                     "200 steps from the same weights and batches"),
-    "before_after": ("benchmarks.before_after", "our recurrent kernels from another checkout beside this tree's, in "
-                     "one process: time ratios and bitwise equality"),
+    "before_after": ("benchmarks.before_after", "our recurrent kernels and the loss kernel from another checkout "
+                     "beside this tree's, in one process: time ratios and bitwise equality"),
     "anchor": ("benchmarks.anchors", "the reference's own anchor scripts (FLA training, FLA kernels), carried "
                "beside the tree"),
     "trace_summary": ("benchmarks.trace_summary", "where a profiler trace's device time goes, by JAX scope and op"),

@@ -1,6 +1,6 @@
-"""Our recurrent kernels from another tree (``--tree``, e.g. a checkout of the commit before a change) beside this
-tree's, in one process on the same inputs: fwd and fwd+bwd ms of each, their ratio, and whether the outputs and
-gradients are bit for bit the same.
+"""Our recurrent kernels and the loss kernel from another tree (``--tree``, e.g. a checkout of the commit before a
+change) beside this tree's, in one process on the same inputs: fwd and fwd+bwd ms of each, their ratio, and whether
+the outputs and gradients are bit for bit the same.
 
     git worktree add /tmp/before HEAD~1   # or git archive ... | tar -x -C /tmp/before
     python -m benchmarks before_after --tree /tmp/before [--only gdn_anchor ...] [--rounds 3] [--repeats 10]
@@ -9,9 +9,10 @@ The other tree's ``kernels/`` is copied to a temporary package (its ``hybrid_jax
 of the layout before ``hybrid_jax/kernels.py`` has its own ``kernels/__init__.py``, one after gets an ``__init__.py``
 that imports the public functions from its ``api.py``) and called through its public functions
 (``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_simple_gla`` with ``impl="pallas"``), each tree with its own
-tuning table for this GPU, on the inputs ``benchmarks kernels`` times. Timings alternate between the trees over
-``--rounds`` rounds (median of each tree's rounds), so that drift in the GPU's clock hits both alike. Writes the
-record ``before_after``.
+tuning table for this GPU, on the inputs ``benchmarks kernels`` times. ``loss_300m`` is the loss kernel
+(``cross_entropy.softmax_grad``) at the 300M recipe's chunk (logits [4096, 128256] bf16; one column, no backward).
+Timings alternate between the trees over ``--rounds`` rounds (median of each tree's rounds), so that drift in the
+GPU's clock hits both alike. Writes the record ``before_after``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from hybrid_jax.kernels.tooling.problems import Problem
 from hybrid_jax.kernels.tooling.timing import median_ms
 
 PACKAGE = "kernels_of_the_other_tree"
+LOSS_CHUNK = {"loss_300m": (4096, 128256)}  # (rows C, vocabulary V) of the loss kernel's case
 
 
 def import_kernels(tree: pathlib.Path, into: pathlib.Path):
@@ -56,6 +58,8 @@ def import_kernels(tree: pathlib.Path, into: pathlib.Path):
         (target / "__init__.py").write_text(f"from {PACKAGE}.api import (attention, chunk_gated_delta_rule, "
                                             "chunk_kda, chunk_simple_gla)  # noqa: F401\n")
     sys.path.insert(0, str(into))
+    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
+        del sys.modules[name]  # another tree's, imported earlier in this process
     return importlib.import_module(PACKAGE)
 
 
@@ -94,10 +98,37 @@ def compare(s: Problem, before, rounds: int, repeats: int, impl: str = "pallas")
     return res
 
 
+def compare_loss(C: int, V: int, before, rounds: int, repeats: int, impl: str = "pallas") -> dict:
+    """Both trees' loss kernel (``softmax_grad``) on logits ``[C, V]`` bf16, alternating over ``rounds``: ms,
+    ratio, and whether ``dlogits`` and the log-sum-exp are bit for bit the same."""
+    try:
+        other = importlib.import_module(f"{before.__name__}.cross_entropy")
+    except ModuleNotFoundError:
+        raise SystemExit("before_after: the other tree has no kernels/cross_entropy.py (the loss kernel came "
+                         "later); leave loss_300m out of --only") from None
+    from hybrid_jax.kernels import cross_entropy
+
+    kx, kt, kw = jax.random.split(jax.random.key(0), 3)
+    x = (4.0 * jax.random.normal(kx, (C, V))).astype(jax.numpy.bfloat16)
+    t = jax.random.randint(kt, (C,), 0, V)
+    w = jax.random.uniform(kw, (C,), minval=0.5, maxval=2.0)
+    fns = {tree: jax.jit(lambda x, t, w, m=m: m.softmax_grad(x, t, w, impl=impl))
+           for tree, m in (("before", other), ("after", cross_entropy))}
+    outs = {tree: jax.tree.leaves(f(x, t, w)) for tree, f in fns.items()}
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*outs.values(), strict=True))
+    times = {f"{tree}_fwd_ms": [] for tree in fns}
+    for _ in range(rounds):
+        for tree, f in fns.items():
+            times[f"{tree}_fwd_ms"].append(median_ms(f, x, t, w, repeats=repeats))
+    res = {name: statistics.median(v) for name, v in times.items()}
+    res.update(fwd_ratio=res["after_fwd_ms"] / res["before_fwd_ms"], bitwise_same=same, rounds=times)
+    return res
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks before_after", description=__doc__.splitlines()[0])
     ap.add_argument("--tree", required=True, type=pathlib.Path, help="the other checkout's root")
-    ap.add_argument("--only", nargs="+", default=None, choices=[s.name for s in SHAPES])
+    ap.add_argument("--only", nargs="+", default=None, choices=[s.name for s in SHAPES] + list(LOSS_CHUNK))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the tool on CPU)")
@@ -118,6 +149,15 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{s.name:<12} {r['before_fwd_ms']:9.3f} {r['after_fwd_ms']:9.3f} {r['fwd_ratio']:6.3f} "
                   f"{r['before_fwdbwd_ms']:10.3f} {r['after_fwdbwd_ms']:9.3f} {r['fwdbwd_ratio']:6.3f}  "
                   f"{r['bitwise_same']}", flush=True)
+            path = record.save("before_after", {"tree": str(args.tree), "shapes": results}, out=args.out)
+        for name, (C, V) in LOSS_CHUNK.items():
+            if args.only and name not in args.only:
+                continue
+            C, V = (8, 1000) if args.smoke else (C, V)
+            r = results[name] = compare_loss(C, V, before, args.rounds, args.repeats,
+                                             "pallas_interpret" if args.smoke else "pallas")
+            print(f"{name:<12} {r['before_fwd_ms']:9.3f} {r['after_fwd_ms']:9.3f} {r['fwd_ratio']:6.3f} "
+                  f"{'-':>10} {'-':>9} {'-':>6}  {r['bitwise_same']}", flush=True)
             path = record.save("before_after", {"tree": str(args.tree), "shapes": results}, out=args.out)
     print(f"wrote {path}")
 
