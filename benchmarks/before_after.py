@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import record
@@ -101,15 +102,11 @@ def compare(s: Problem, before, rounds: int, repeats: int, impl: str = "pallas")
 def compare_loss(C: int, V: int, before, rounds: int, repeats: int, impl: str = "pallas") -> dict:
     """Both trees' loss kernel (``softmax_grad``) on logits ``[C, V]`` bf16, alternating over ``rounds``: ms,
     ratio, and whether ``dlogits`` and the log-sum-exp are bit for bit the same."""
-    try:
-        other = importlib.import_module(f"{before.__name__}.cross_entropy")
-    except ModuleNotFoundError:
-        raise SystemExit("before_after: the other tree has no kernels/cross_entropy.py (the loss kernel came "
-                         "later); leave loss_300m out of --only") from None
+    other = importlib.import_module(f"{before.__name__}.cross_entropy")
     from hybrid_jax.kernels import cross_entropy
 
     kx, kt, kw = jax.random.split(jax.random.key(0), 3)
-    x = (4.0 * jax.random.normal(kx, (C, V))).astype(jax.numpy.bfloat16)
+    x = (4.0 * jax.random.normal(kx, (C, V))).astype(jnp.bfloat16)
     t = jax.random.randint(kt, (C,), 0, V)
     w = jax.random.uniform(kw, (C,), minval=0.5, maxval=2.0)
     fns = {tree: jax.jit(lambda x, t, w, m=m: m.softmax_grad(x, t, w, impl=impl))
@@ -134,6 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (checks the tool on CPU)")
     ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")
     args = ap.parse_args(argv)
+    losses = [name for name in LOSS_CHUNK if not args.only or name in args.only]
+    if losses and not (args.tree / "kernels" / "cross_entropy.py").is_file():
+        ap.error(f"--tree {args.tree} has no kernels/cross_entropy.py (the loss kernel came later): "
+                 f"leave {losses[0]} out with --only")
     with tempfile.TemporaryDirectory() as tmp:
         before = import_kernels(args.tree.resolve(), pathlib.Path(tmp))
         results, path = {}, None
@@ -150,10 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['before_fwdbwd_ms']:10.3f} {r['after_fwdbwd_ms']:9.3f} {r['fwdbwd_ratio']:6.3f}  "
                   f"{r['bitwise_same']}", flush=True)
             path = record.save("before_after", {"tree": str(args.tree), "shapes": results}, out=args.out)
-        for name, (C, V) in LOSS_CHUNK.items():
-            if args.only and name not in args.only:
-                continue
-            C, V = (8, 1000) if args.smoke else (C, V)
+        for name in losses:
+            C, V = (8, 1000) if args.smoke else LOSS_CHUNK[name]
             r = results[name] = compare_loss(C, V, before, args.rounds, args.repeats,
                                              "pallas_interpret" if args.smoke else "pallas")
             print(f"{name:<12} {r['before_fwd_ms']:9.3f} {r['after_fwd_ms']:9.3f} {r['fwd_ratio']:6.3f} "
