@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="where the record goes (default $OUT)")
     args = ap.parse_args(argv)
     losses = [name for name in LOSS_CHUNK if not args.only or name in args.only]
+    if not (args.tree / "kernels").is_dir():
+        ap.error(f"--tree {args.tree}: no kernels/ folder there; give the root of a hybrid_jax checkout")
     if losses and not (args.tree / "kernels" / "cross_entropy.py").is_file():
         ap.error(f"--tree {args.tree} has no kernels/cross_entropy.py (the loss kernel came later): "
                  f"leave {losses[0]} out with --only")

@@ -1,6 +1,6 @@
 """``benchmarks before_after`` on the loss kernel (interpret mode): a copy of this tree's kernels is bit for bit the
 same, a copy with its ``dlogits`` scaled by 1.001 is not, and a tree without the loss kernel is a one-line error
-before anything runs."""
+before anything runs, as is a mistyped tree."""
 
 import json
 import pathlib
@@ -43,3 +43,6 @@ def test_loss_kernel_against_another_tree(tmp_path, capsys):
         _bitwise_same(changed, tmp_path / "gone_out")
     assert "has no kernels/cross_entropy.py" in capsys.readouterr().err
     assert not (tmp_path / "gone_out").exists()  # refused before anything ran
+    with pytest.raises(SystemExit):  # a mistyped --tree
+        _bitwise_same(tmp_path / "chnaged", tmp_path / "typo_out")
+    assert "no kernels/ folder there" in capsys.readouterr().err
