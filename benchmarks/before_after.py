@@ -80,23 +80,34 @@ def functions(api, s: Problem, impl: str):
     return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
+def alternate(calls: dict[str, tuple], outputs: dict[str, tuple], rounds: int, repeats: int) -> dict:
+    """Time ``calls`` (``name: (jitted f, args)``, each name ``<tree>_<part>_ms``) in turn over ``rounds``: each
+    name's median ms, the ``fwd``/``fwdbwd`` ratios of ``after`` over ``before``, the samples, and whether the two
+    trees' ``outputs`` (``"before"``/``"after"``: ``(f, args)``) are bit for bit the same."""
+    leaves = [jax.tree.leaves(f(*args)) for f, args in (outputs["before"], outputs["after"])]
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*leaves, strict=True))
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (f, args) in calls.items():
+            times[name].append(median_ms(f, *args, repeats=repeats))
+    res = {name: statistics.median(v) for name, v in times.items()}
+    for part in ("fwd", "fwdbwd"):
+        if f"after_{part}_ms" in res:
+            res[f"{part}_ratio"] = res[f"after_{part}_ms"] / res[f"before_{part}_ms"]
+    res.update(bitwise_same=same, rounds=times)
+    return res
+
+
 def compare(s: Problem, before, rounds: int, repeats: int, impl: str = "pallas") -> dict:
     """Both trees' fwd and fwd+bwd ms at ``s`` (FLA-law inputs, as ``benchmarks kernels``), alternating over
     ``rounds``, their ratios, and whether outputs and gradients are bit for bit the same."""
     x = inputs(s, law="fla", initial_state=False)
     do = cotangents(s)[0]
     fns = {"before": functions(before, s, impl), "after": functions(this_tree, s, impl)}
-    outs = {tree: jax.tree.leaves(fb(x, do)) for tree, (_, fb) in fns.items()}
-    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*outs.values(), strict=True))
-    times = {f"{tree}_{part}": [] for tree in fns for part in ("fwd_ms", "fwdbwd_ms")}
-    for _ in range(rounds):
-        for tree, (f, fb) in fns.items():
-            times[f"{tree}_fwd_ms"].append(median_ms(f, x, repeats=repeats))
-            times[f"{tree}_fwdbwd_ms"].append(median_ms(fb, x, do, repeats=repeats))
-    res = {name: statistics.median(v) for name, v in times.items()}
-    res.update(fwd_ratio=res["after_fwd_ms"] / res["before_fwd_ms"],
-               fwdbwd_ratio=res["after_fwdbwd_ms"] / res["before_fwdbwd_ms"], bitwise_same=same, rounds=times)
-    return res
+    calls = {}
+    for tree, (f, fb) in fns.items():
+        calls.update({f"{tree}_fwd_ms": (f, (x,)), f"{tree}_fwdbwd_ms": (fb, (x, do))})
+    return alternate(calls, {tree: (fb, (x, do)) for tree, (_, fb) in fns.items()}, rounds, repeats)
 
 
 def compare_loss(C: int, V: int, before, rounds: int, repeats: int, impl: str = "pallas") -> dict:
@@ -109,17 +120,9 @@ def compare_loss(C: int, V: int, before, rounds: int, repeats: int, impl: str = 
     x = (4.0 * jax.random.normal(kx, (C, V))).astype(jnp.bfloat16)
     t = jax.random.randint(kt, (C,), 0, V)
     w = jax.random.uniform(kw, (C,), minval=0.5, maxval=2.0)
-    fns = {tree: jax.jit(lambda x, t, w, m=m: m.softmax_grad(x, t, w, impl=impl))
+    fns = {tree: (jax.jit(lambda x, t, w, m=m: m.softmax_grad(x, t, w, impl=impl)), (x, t, w))
            for tree, m in (("before", other), ("after", cross_entropy))}
-    outs = {tree: jax.tree.leaves(f(x, t, w)) for tree, f in fns.items()}
-    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*outs.values(), strict=True))
-    times = {f"{tree}_fwd_ms": [] for tree in fns}
-    for _ in range(rounds):
-        for tree, f in fns.items():
-            times[f"{tree}_fwd_ms"].append(median_ms(f, x, t, w, repeats=repeats))
-    res = {name: statistics.median(v) for name, v in times.items()}
-    res.update(fwd_ratio=res["after_fwd_ms"] / res["before_fwd_ms"], bitwise_same=same, rounds=times)
-    return res
+    return alternate({f"{tree}_fwd_ms": call for tree, call in fns.items()}, fns, rounds, repeats)
 
 
 def main(argv: list[str] | None = None) -> None:
