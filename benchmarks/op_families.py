@@ -21,7 +21,9 @@ from (its :class:`~benchmarks.hlo_index.Scope`):
    without a scope (a copy XLA added) is "other".
 
 The TFLOP/s of a matmul family is the FLOPs of its matmuls (``Instruction.flops``: from the HLO shapes) over the
-device time of the events that ran them, not over the family's whole time.
+device time of the events that ran them, not over the family's whole time; the TB/s of a family is the bytes that
+its other events' instructions read and write (``Instruction.bytes``: each operand counted whole) over their time,
+so an element-wise family near the memory's bandwidth has no time left to win but by fusing it away.
 """
 
 from __future__ import annotations
@@ -131,23 +133,31 @@ def family_bytes(index: HloIndex) -> dict[str, float]:
     return total
 
 
-def family_table(rows: Iterable[tuple[str, float, float]], steps: int = 1) -> list[dict]:
-    """Per family, from ``(family, ms, flops)`` per traced event: ``{"name", "ms", "share", "flops",
-    "matmul_ms", "tflops"}`` with ``ms`` and ``flops`` per step (the trace holds ``steps`` steps), ``share`` of the
-    summed time (the shares add up to 1), ``matmul_ms`` the time of the events with counted FLOPs and ``tflops``
-    their FLOPs over that time (None outside :data:`MATMUL_FAMILIES` or without counted FLOPs). Every family has a
-    row, in :data:`FAMILIES` order."""
+def family_table(rows: Iterable[tuple[str, float, float, float]], steps: int = 1) -> list[dict]:
+    """Per family, from ``(family, ms, flops, bytes)`` per traced event: ``{"name", "ms", "share", "flops",
+    "matmul_ms", "tflops", "gb", "tbps"}`` with ``ms`` and ``flops`` per step (the trace holds ``steps`` steps),
+    ``share`` of the summed time (the shares add up to 1), ``matmul_ms`` the time of the events with counted FLOPs and
+    ``tflops`` their FLOPs over that time (None outside :data:`MATMUL_FAMILIES` or without counted FLOPs). ``gb``: the
+    bytes per step (GB) of the events outside the family's matmuls (all its events outside
+    :data:`MATMUL_FAMILIES`), ``tbps`` those bytes over those events' time (TB/s; None without such time): how near
+    the memory's bandwidth the family's memory-bound work runs. Every family has a row, in :data:`FAMILIES` order."""
     ms = dict.fromkeys(FAMILIES, 0.0)
-    flops, matmul_ms = dict(ms), dict(ms)
-    for family, t, f in rows:
+    flops, matmul_ms, moved = dict(ms), dict(ms), dict(ms)
+    for family, t, f, b in rows:
         ms[family] += t
         flops[family] += f
         matmul_ms[family] += t if f > 0 else 0.0
+        moved[family] += b if f == 0 or family not in MATMUL_FAMILIES else 0.0
     total = sum(ms.values())
-    return [dict(name=name, ms=ms[name] / steps, share=ms[name] / total if total else 0.0,
-                 flops=flops[name] / steps, matmul_ms=matmul_ms[name] / steps,
-                 tflops=flops[name] / matmul_ms[name] / 1e9 if name in MATMUL_FAMILIES and matmul_ms[name] else None)
-            for name in FAMILIES]
+    table = []
+    for name in FAMILIES:
+        rest = ms[name] - (matmul_ms[name] if name in MATMUL_FAMILIES else 0.0)
+        table.append(dict(
+            name=name, ms=ms[name] / steps, share=ms[name] / total if total else 0.0, flops=flops[name] / steps,
+            matmul_ms=matmul_ms[name] / steps,
+            tflops=flops[name] / matmul_ms[name] / 1e9 if name in MATMUL_FAMILIES and matmul_ms[name] else None,
+            gb=moved[name] / steps / 1e9, tbps=moved[name] / rest / 1e9 if rest > 0 else None))
+    return table
 
 
 def outside_matmuls(table: list[dict]) -> float:
@@ -158,11 +168,14 @@ def outside_matmuls(table: list[dict]) -> float:
 
 def format_families(table: list[dict], steps: int) -> list[str]:
     """The family table as text lines: ms per step, share, TFLOP/s of the matmul families (with their matmuls'
-    time), under each family its three biggest ops (a row's ``top_ops``, where the table has them), then the time
-    outside the matmuls (:func:`outside_matmuls`)."""
-    lines = [f"by op family (per step, {steps} traced; TFLOP/s: the family's matmul FLOPs over those events' time):"]
+    time), the TB/s of the rest (with its GB), under each family its three biggest ops (a row's ``top_ops``, where
+    the table has them), then the time outside the matmuls (:func:`outside_matmuls`)."""
+    lines = [f"by op family (per step, {steps} traced; TFLOP/s: the family's matmul FLOPs over those events' time; "
+             "TB/s: the bytes its other events read and write, each operand whole, over their time):"]
     for r in table:
         rate = f"  {r['tflops']:7.4g} TFLOP/s over {r['matmul_ms']:.3f} ms" if r["tflops"] is not None else ""
+        if r.get("tbps") is not None:
+            rate += f"  {r['tbps']:5.2f} TB/s ({r['gb']:.1f} GB)"
         lines.append(f"  {r['name']:<20} {r['ms']:9.3f} ms {100 * r['share']:5.1f}%{rate}")
         lines += [f"      {o['ms']:9.3f} ms  {o['name'][:60]}" for o in r.get("top_ops", [])[:3]]
     total, rest = sum(r["ms"] for r in table), outside_matmuls(table)

@@ -10,8 +10,8 @@ per kernel or HLO op, with its share of the device's busy time, the call count a
 category: our Pallas recurrent and attention kernels (by the names we give them), cuDNN, matmuls (GEMM / cuBLAS /
 ``dot``), collectives, and the rest (XLA fusions). With the HLO text, the time per op family of a train step (LM
 head and loss, MLP matmuls, mixer projections, recurrent kernels, attention, norms, optimizer, copies ...) per
-step of the ``--steps`` traced, with the TFLOP/s of the matmul families (``benchmarks/op_families.py``;
-``--families``: that table alone).
+step of the ``--steps`` traced, with the TFLOP/s of the matmul families and the TB/s of the rest
+(``benchmarks/op_families.py``; ``--families``: that table alone).
 
 The scope comes from the step's optimized HLO text (``compiled.as_text()``; ``--hlo``, or ``step_hlo.txt`` in the
 trace directory): each event is matched to its HLO instruction, whose metadata gives the JAX name stack and the
@@ -177,9 +177,12 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
         found = resolved[names][0] if names else None
         if index:
             by_path[(found.path or ("(no JAX scope)",)) if found else ("(no HLO instruction)",)] += ms
-            fam, flops = resolved[names][1:] if names else (CATEGORY_FAMILY.get(category(name), "other"), 0.0)
-            # a gemm's memset or copy runs under its instruction too: its time is the family's, its FLOPs are not
-            family_rows.append((fam, ms, 0.0 if TRANSFER_ARGS & args.keys() else flops))
+            fam, flops, moved = (resolved[names][1:] if names else
+                                 (CATEGORY_FAMILY.get(category(name), "other"), 0.0, 0.0))
+            # a gemm's memset or copy runs under its instruction too: its time is the family's, its FLOPs and
+            # bytes are not
+            transfer = bool(TRANSFER_ARGS & args.keys())
+            family_rows.append((fam, ms, 0.0 if transfer else flops, 0.0 if transfer else moved))
             family_ops[fam, name][0] += ms
             family_ops[fam, name][1] += 1
             family.setdefault(name, fam)
@@ -205,11 +208,12 @@ def summarize(trace: str | Path, top: int = 30, hlo: str | Path | None = None, s
                 hlo=str(hlo) if hlo else None, arg_keys=dict(arg_keys.most_common()), arg_sample=sample)
 
 
-def _family(index: HloIndex, names: list[str]) -> tuple[str, float]:
-    """The family and FLOPs of an event that ran one of the instructions ``names`` (several share its kernel name:
-    their most common family, their mean FLOPs)."""
+def _family(index: HloIndex, names: list[str]) -> tuple[str, float, float]:
+    """The family, FLOPs and bytes of an event that ran one of the instructions ``names`` (several share its kernel
+    name: their most common family, their mean FLOPs and bytes)."""
     families = [op_families.classify(index.scopes[n], index.instructions[n]) for n in names]
-    return max(families, key=families.count), sum(index.instructions[n].flops for n in names) / len(names)
+    mean = lambda key: sum(getattr(index.instructions[n], key) for n in names) / len(names)  # noqa: E731
+    return max(families, key=families.count), mean("flops"), mean("bytes")
 
 
 def format_summary(s: dict, families_only: bool = False) -> str:

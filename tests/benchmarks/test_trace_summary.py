@@ -287,6 +287,14 @@ def test_op_families_of_a_gpu_step(tmp_path, capsys):
     assert matmul_ms == pytest.approx(0.052)
     assert s["outside_matmuls_ms"] == pytest.approx(s["busy_ms"] / 2 - matmul_ms, abs=1e-12)
     assert all(tflops[name] is None for name in FAMILIES if name not in MATMUL_FAMILIES)
+    # TB/s: the bytes of the events outside the family's matmuls (each operand whole) over their time; the
+    # element-wise fusions write bf16[256,512] from bf16[256,64]; the gemm's memset moves nothing counted
+    moved = (256 * 512 + 256 * 64) * 2
+    assert family["MLP element-wise"]["tbps"] == pytest.approx(moved / 3e-6 / 1e12)
+    assert family["MLP element-wise"]["gb"] == pytest.approx(moved / 1e9)
+    assert family["LM head and loss"]["tbps"] == pytest.approx(moved / 4e-6 / 1e12)  # lse_fusion, not the dot
+    assert family["MLP matmuls"]["tbps"] == 0.0 and family["mixer projections"]["tbps"] is None
+    assert family["collectives"]["gb"] == pytest.approx((8 + 16 + 8) * 4 / 1e9)
     assert "by op family" in format_summary(s)
     main([str(tmp_path), "--families", "--steps", "2"])
     out = capsys.readouterr().out
