@@ -11,6 +11,7 @@ import pytest
 
 from hybrid_jax.kernels import tuning
 from hybrid_jax.kernels.short_conv import _pallas_backward, short_conv_backward_reference, short_conv_silu
+from hybrid_jax.kernels.tooling.lowering import lower
 
 B, T, K = 2, 37, 4
 
@@ -88,6 +89,16 @@ def test_kernel_matches_its_reference(tiles, padded):
     want[0] = want[0] if padded else want[0][:, K - 1 :]
     for g, ref in zip(got, want, strict=True):
         np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_forward_on_a_gpu_compares_nothing():
+    """The forward's SiLU lowered for a GPU holds no comparison: ``jax.nn.silu`` there compares with a zero tensor of
+    the activation's shape, which XLA shares with other zeros of that shape and reads from memory in every layer."""
+    xp = jax.ShapeDtypeStruct((2, 67, 96), jnp.bfloat16)
+    w, bias = jax.ShapeDtypeStruct((4, 96), jnp.float32), jax.ShapeDtypeStruct((96,), jnp.float32)
+    text = lower(lambda x, w, b: short_conv_silu(x, w, b, None, out_dtype=jnp.bfloat16, impl="pallas"),
+                 (xp, w, bias), "sm90")
+    assert "stablehlo.exponential" in text and "stablehlo.compare" not in text
 
 
 def test_bad_input_is_one_line():
