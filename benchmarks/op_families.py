@@ -139,8 +139,9 @@ def family_table(rows: Iterable[tuple[str, float, float, float]], steps: int = 1
     ``share`` of the summed time (the shares add up to 1), ``matmul_ms`` the time of the events with counted FLOPs and
     ``tflops`` their FLOPs over that time (None outside :data:`MATMUL_FAMILIES` or without counted FLOPs). ``gb``: the
     bytes per step (GB) of the events outside the family's matmuls (all its events outside
-    :data:`MATMUL_FAMILIES`), ``tbps`` those bytes over those events' time (TB/s; None without such time): how near
-    the memory's bandwidth the family's memory-bound work runs. Every family has a row, in :data:`FAMILIES` order."""
+    :data:`MATMUL_FAMILIES`), ``tbps`` those bytes over those events' time (TB/s; None without such time or bytes, as
+    for a matmul family whose other events are memsets): how near the memory's bandwidth its memory-bound work runs.
+    Every family has a row, in :data:`FAMILIES` order."""
     ms = dict.fromkeys(FAMILIES, 0.0)
     flops, matmul_ms, moved = dict(ms), dict(ms), dict(ms)
     for family, t, f, b in rows:
@@ -156,7 +157,7 @@ def family_table(rows: Iterable[tuple[str, float, float, float]], steps: int = 1
             name=name, ms=ms[name] / steps, share=ms[name] / total if total else 0.0, flops=flops[name] / steps,
             matmul_ms=matmul_ms[name] / steps,
             tflops=flops[name] / matmul_ms[name] / 1e9 if name in MATMUL_FAMILIES and matmul_ms[name] else None,
-            gb=moved[name] / steps / 1e9, tbps=moved[name] / rest / 1e9 if rest > 0 else None))
+            gb=moved[name] / steps / 1e9, tbps=moved[name] / rest / 1e9 if rest > 0 and moved[name] else None))
     return table
 
 
