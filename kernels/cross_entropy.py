@@ -113,7 +113,11 @@ def _kernel(logits_ref, targets_ref, weight_ref, dlogits_ref, lse_ref, *, vocab:
         pltriton.store(dlogits_ref.at[:, pl.ds(j * block_v, block_v)], d.astype(dlogits_ref.dtype),
                        mask=cols < vocab if masked else None, eviction_policy="evict_first")
 
-    if tail:  # the second sweep backwards: the last tiles read are the first read again
+    def backwards(i, carry):  # the second sweep from the last tile: the last tiles read are the first read again
+        write(full - 1 - i, masked=False)
+        return carry
+
+    if tail:
         write(full, masked=True)
-    lax.fori_loop(0, full, lambda i, c: (write(full - 1 - i, masked=False), c)[1], 0)
+    lax.fori_loop(0, full, backwards, 0)
     lse_ref[...] = lse
