@@ -96,9 +96,9 @@ def _pre(taps: list[jax.Array], w: jax.Array, bias: jax.Array | None) -> jax.Arr
 
 def _forward(xp, w, bias, segment_ids, out_dtype):
     """``silu(pre)`` as ``pre / (1 + exp(-pre))``. On a GPU ``jax.nn.silu`` compares ``pre`` with a zero tensor of
-    its shape; XLA shares that tensor with other float32 zeros of the shape and then reads it from memory in each
-    layer's conv: in the 300M and 1B GDN and KDA steps (the conv's channels equal the hidden size) the token lookup
-    gradient's, 6.4-8.6 GB per step (benchmarks/NOTES.md "short conv backward kernels")."""
+    its shape; JAX 0.12's XLA shares that tensor with other float32 zeros of the shape and then reads it from memory
+    in each layer's conv: in the 300M and 1B GDN and KDA steps (the conv's channels equal the hidden size) the token
+    lookup gradient's, 6.4-8.6 GB per step (benchmarks/NOTES.md "short conv backward kernels")."""
     K = w.shape[0]
     pre = _pre(_taps(xp, K, _keeps(segment_ids, K)), w, bias)
     return (pre / (1 + jnp.exp(-pre))).astype(out_dtype)
