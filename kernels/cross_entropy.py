@@ -10,8 +10,10 @@ computed in float32 from the stored logits, ``- onehot`` applied before the roun
 ``dlogits``); the kernel makes two: one program per ``rows`` rows sweeps the vocabulary once with a running max and
 sum (online log-sum-exp), then again, from the last tile to the first, to write ``dlogits``: the tiles read last are
 the likeliest still in L2, and the loads and stores carry L2 eviction hints to that end (the first sweep's tiles
-kept, the second sweep's and ``dlogits`` evicted first). At the 300M recipe's chunk (4,096 x 128,256 bf16) the
-logits are 1 GB per pass, so this is memory traffic, not arithmetic.
+kept, the second sweep's and ``dlogits`` evicted first). ``dlogits`` is written over the logits
+(``input_output_aliases``; a tile is stored only after the second sweep has read it), so the chunk holds one
+``[C, V]`` buffer, not two. At the 300M recipe's chunk (4,096 x 128,256 bf16) the logits are 1 GB per pass, so
+this is memory traffic, not arithmetic.
 
 The vocabulary need not be a multiple of ``block_v``: the last column tile is masked (``-inf`` in, nothing out).
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``: the same XLA form), ``pallas``,
@@ -74,6 +76,7 @@ def _pallas(logits: jax.Array, targets: jax.Array, weight: jax.Array, config: tu
         out_shape=[jax.ShapeDtypeStruct((C, V), logits.dtype), jax.ShapeDtypeStruct((C,), F32)],
         compiler_params=pltriton.CompilerParams(num_warps=config.launch.num_warps,
                                                 num_stages=config.launch.num_stages),
+        input_output_aliases={0: 0},  # dlogits over the logits
         interpret=interpret,
         name="cross_entropy_softmax_grad",
     )(logits, targets, weight)
