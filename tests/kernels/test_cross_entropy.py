@@ -1,6 +1,7 @@
 """The cross-entropy's softmax-gradient kernel (interpret mode) against the gradient of ``log_softmax`` and against
 its XLA form, with a ragged last column tile, rows that do not fill the table's row block and confident rows; the
-chunked loss with it equals the loss with the XLA form; it lowers for every GPU arch."""
+chunked loss with it equals the loss with the XLA form; it lowers for every GPU arch,
+writing dlogits over the logits."""
 
 import jax
 import jax.numpy as jnp
@@ -73,4 +74,7 @@ def test_lowers_to_triton(arch):
     args = (jax.ShapeDtypeStruct((64, 1000), jnp.bfloat16), jax.ShapeDtypeStruct((64,), jnp.int32),
             jax.ShapeDtypeStruct((64,), jnp.float32))
     fn = lambda x, t, w: softmax_grad(x, t, w, impl="pallas", config=tuning.cross_entropy_config(arch))  # noqa: E731
-    assert lower(fn, args, arch).count(TRITON_CALL) == 1
+    text = lower(fn, args, arch)
+    assert text.count(TRITON_CALL) == 1
+    # dlogits (output 0) is written over the logits (operand 0): the chunk holds one [C, V] buffer
+    assert "output_operand_alias<output_tuple_indices = [0], operand_index = 0," in text
