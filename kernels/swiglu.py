@@ -8,8 +8,10 @@ the halves): ``h = silu(gate) * up``. Backward, from ``dh``::
     s = sigmoid(gate);   dup = dh * gate * s;   dgate = dh * up * s * (1 + gate * (1 - s))
 
 The kernel reads ``dh`` and both halves of ``fc`` once and writes ``d fc = [dgate | dup]`` in place of a concatenate:
-each program takes ``rows x cols`` of each half, ``fc`` seen as ``[N, 2, F]`` (a free reshape). All arithmetic is
-float32, each output rounded once to the inputs' dtype.
+each program takes ``rows x cols`` of each half, ``fc`` seen as ``[N, 2, F]`` (a free reshape). ``d fc`` is written
+over ``fc`` (``input_output_aliases``; each tile is read before it is stored, and nothing reads ``fc`` after the
+backward), so the backward adds no buffer of the MLP's widest activation. All arithmetic is float32, each output
+rounded once to the inputs' dtype.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``), ``pallas``, ``pallas_interpret``.
 """
@@ -101,6 +103,7 @@ def _pallas_backward(dh: jax.Array, fc: jax.Array, config: tuning.ElementwiseCon
                   pl.BlockSpec((rows, 2, cols), lambda i, j: (i, 0, j))],
         out_specs=pl.BlockSpec((rows, 2, cols), lambda i, j: (i, 0, j)),
         out_shape=jax.ShapeDtypeStruct((n, 2, f), fc.dtype),
+        input_output_aliases={1: 0},  # d[gate | up] over [gate | up]
         compiler_params=pltriton.CompilerParams(num_warps=config.launch.num_warps,
                                                 num_stages=config.launch.num_stages),
         interpret=interpret,
