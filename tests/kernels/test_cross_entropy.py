@@ -1,7 +1,7 @@
 """The cross-entropy's softmax-gradient kernel (interpret mode) against the gradient of ``log_softmax`` and against
 its XLA form, with a ragged last column tile, rows that do not fill the table's row block and confident rows; the
-chunked loss with it equals the loss with the XLA form; it lowers for every GPU arch,
-writing dlogits over the logits."""
+chunked loss with it equals the loss with the XLA form; it lowers for every GPU arch, writing ``dlogits`` over the
+logits."""
 
 import jax
 import jax.numpy as jnp
