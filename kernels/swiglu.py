@@ -9,8 +9,9 @@ the halves): ``h = silu(gate) * up``. Backward, from ``dh``::
 
 The kernel reads ``dh`` and both halves of ``fc`` once and writes ``d fc = [dgate | dup]`` in place of a concatenate:
 each program takes ``rows x cols`` of each half, ``fc`` seen as ``[N, 2, F]`` (a free reshape). ``d fc`` is written
-over ``fc`` (``input_output_aliases``; each tile is read before it is stored, and nothing reads ``fc`` after the
-backward), so the backward adds no buffer of the MLP's widest activation. All arithmetic is float32, each output
+over ``fc`` (``input_output_aliases``; each tile is read before it is stored), so the backward adds no buffer of the
+MLP's widest activation, unless the MLP is recomputed (``overwrite_fc=False``: its recomputed ``h`` reads ``fc`` in
+the backward too, and XLA would copy ``fc`` first). All arithmetic is float32, each output
 rounded once to the inputs' dtype.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``), ``pallas``, ``pallas_interpret``.
@@ -32,13 +33,15 @@ from hybrid_jax.kernels.registry import pallas_or_xla
 F32 = jnp.float32
 
 
-def swiglu(fc: jax.Array, *, impl: str = "auto") -> jax.Array:
+def swiglu(fc: jax.Array, *, impl: str = "auto", overwrite_fc: bool = True) -> jax.Array:
     """``silu(gate) * up`` with ``[gate | up] = fc`` split on the last axis (``fc: [..., 2F]`` -> ``[..., F]``),
-    differentiable; its backward by ``impl``."""
+    differentiable; its backward by ``impl``. ``overwrite_fc``: the Pallas backward writes ``d fc`` over ``fc``; pass
+    False where something else reads ``fc`` during the backward (a recomputed MLP recomputes ``h`` from it there), or
+    XLA copies ``fc`` for the kernel."""
     if fc.ndim < 1 or fc.shape[-1] % 2:
         raise ValueError(f"swiglu: fc's last axis must hold [gate | up] (an even size), got {fc.dtype}"
                          f"{list(fc.shape)}")
-    return _swiglu(fc, pallas_or_xla(impl, "swiglu"))
+    return _swiglu(fc, pallas_or_xla(impl, "swiglu"), overwrite_fc)
 
 
 def _halves(fc: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -63,19 +66,19 @@ def _forward(fc: jax.Array) -> jax.Array:
     return (g * jax.nn.sigmoid(g) * u).astype(fc.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _swiglu(fc: jax.Array, impl: str) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _swiglu(fc: jax.Array, impl: str, overwrite_fc: bool) -> jax.Array:
     return _forward(fc)
 
 
-def _swiglu_fwd(fc, impl):
+def _swiglu_fwd(fc, impl, overwrite_fc):
     return _forward(fc), fc
 
 
-def _swiglu_bwd(impl, fc, dh):
+def _swiglu_bwd(impl, overwrite_fc, fc, dh):
     if impl == "xla":
         return (swiglu_backward_reference(dh, fc),)
-    return (_pallas_backward(dh.astype(fc.dtype), fc, tuning.ElementwiseConfig(),
+    return (_pallas_backward(dh.astype(fc.dtype), fc, tuning.ElementwiseConfig(), overwrite_fc=overwrite_fc,
                              interpret=impl == "pallas_interpret"),)
 
 
@@ -87,11 +90,11 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return math.gcd(n, 1 << (max(cap, 1).bit_length() - 1))
 
 
-def _pallas_backward(dh: jax.Array, fc: jax.Array, config: tuning.ElementwiseConfig, *, interpret: bool
-                     ) -> jax.Array:
+def _pallas_backward(dh: jax.Array, fc: jax.Array, config: tuning.ElementwiseConfig, *, overwrite_fc: bool,
+                     interpret: bool) -> jax.Array:
     """The kernel over ``fc`` seen as ``[N, 2, F]`` and ``dh`` as ``[N, F]``: each program one ``[rows, cols]`` tile
     of each half, about ``config.block`` elements (``cols`` and ``rows`` powers of two dividing ``F`` and ``N``, so
-    no tile is partial)."""
+    no tile is partial); ``d fc`` over ``fc`` with ``overwrite_fc``."""
     shape, f = fc.shape, fc.shape[-1] // 2
     n = math.prod(shape[:-1])
     cols = _pow2_divisor(f, config.block)
@@ -103,7 +106,7 @@ def _pallas_backward(dh: jax.Array, fc: jax.Array, config: tuning.ElementwiseCon
                   pl.BlockSpec((rows, 2, cols), lambda i, j: (i, 0, j))],
         out_specs=pl.BlockSpec((rows, 2, cols), lambda i, j: (i, 0, j)),
         out_shape=jax.ShapeDtypeStruct((n, 2, f), fc.dtype),
-        input_output_aliases={1: 0},  # d[gate | up] over [gate | up]
+        input_output_aliases={1: 0} if overwrite_fc else {},  # d[gate | up] over [gate | up]
         compiler_params=pltriton.CompilerParams(num_warps=config.launch.num_warps,
                                                 num_stages=config.launch.num_stages),
         interpret=interpret,
