@@ -11,8 +11,8 @@ The kernel reads ``dh`` and both halves of ``fc`` once and writes ``d fc = [dgat
 each program takes ``rows x cols`` of each half, ``fc`` seen as ``[N, 2, F]`` (a free reshape). ``d fc`` is written
 over ``fc`` (``input_output_aliases``; each tile is read before it is stored), so the backward adds no buffer of the
 MLP's widest activation, unless the MLP is recomputed (``overwrite_fc=False``: its recomputed ``h`` reads ``fc`` in
-the backward too, and XLA would copy ``fc`` first). All arithmetic is float32, each output
-rounded once to the inputs' dtype.
+the backward too, and XLA would copy ``fc`` first). All arithmetic is float32, each output rounded once to the inputs'
+dtype.
 
 ``impl``: ``auto`` (Pallas on a GPU, else XLA), ``xla`` (and ``naive``), ``pallas``, ``pallas_interpret``.
 """
