@@ -25,7 +25,7 @@ from hybrid_jax.kernels.gated_norm import gated_rms_norm
 from hybrid_jax.kernels.rms_norm import add_rms_norm, rms_norm
 from hybrid_jax.kernels.short_conv import short_conv_silu
 from hybrid_jax.kernels.swiglu import swiglu
-from hybrid_jax.model.plan import REMAT_KINDS
+from hybrid_jax.model.plan import recomputed
 from hybrid_jax.parallel.shards import previous_tail
 
 Initializer = nnx.initializers.Initializer
@@ -250,7 +250,7 @@ class MLP(nnx.Module):
         self.linear_fc2 = dense(cfg, cfg.ffn_size, cfg.hidden_size, rngs=rngs)
         self.kernel_impl = cfg.kernel_impl
         # a recomputed MLP reads [gate | up] again in the backward: SwiGLU's backward must not write over it
-        self.overwrite_fc = "mlp" not in REMAT_KINDS[cfg.get("remat", "none")]
+        self.overwrite_fc = not recomputed("mlp", cfg)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.linear_fc2(swiglu(self.linear_fc1(x), impl=self.kernel_impl, overwrite_fc=self.overwrite_fc))

@@ -33,7 +33,7 @@ from hybrid_jax.model.kda import KimiDeltaAttention
 from hybrid_jax.model.layers import MLP, RMSNorm, dtypes, lookup, normal_init, sow
 from hybrid_jax.model.mamba2 import Mamba2
 from hybrid_jax.model.mla import MLA
-from hybrid_jax.model.plan import REMAT_KINDS, REMAT_MODES, layer_plan, sublayer_kinds
+from hybrid_jax.model.plan import REMAT_MODES, layer_plan, recomputed, sublayer_kinds
 from hybrid_jax.parallel import shards
 
 SUBLAYERS = {"mla": MLA, "gdn": GatedDeltaNet, "kda": KimiDeltaAttention, "mamba2": Mamba2, "mlp": MLP}
@@ -53,7 +53,7 @@ class Sublayer(nnx.Module):
     def __init__(self, kind: str, cfg: ConfigDict, *, rngs: nnx.Rngs):
         dtype, param_dtype = dtypes(cfg)
         self.kind, self.remat_mode = kind, cfg.get("remat", "none")
-        self.remat = kind in REMAT_KINDS[self.remat_mode]
+        self.remat = recomputed(kind, cfg)
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
                             kernel_impl=cfg.kernel_impl)
         setattr(self, BLOCK_NAMES[kind], SUBLAYERS[kind](cfg, rngs=rngs))
