@@ -5,7 +5,7 @@ d(v_new), d(initial state). ``grad`` [B, HV, N]: dq, dk, dv, dbeta, d(gamma) per
 where ``RecurrentConfig.splits_grad`` (large K V: the fused kernel spills), split in two launches ``grad_bwd`` (through
 the output and state update) and ``grad_wy_bwd`` (through the WY transform). Without the delta rule and with a scalar
 gate (Mamba2's SSD) ``grad`` is ``[B, H, N]``: each program sums dq, dk over its q/k head's value heads. The gradients
-the caller gets as they are (dq, dk summed or of a q/k head per value head, dv) are stored in the inputs' dtype.
+the caller gets (dq, dk, also per value head; dv) are stored in the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -248,9 +248,10 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, 
 def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, dv_new: jax.Array | None,
          do: jax.Array, redo_far: bool = True) -> tuple:
     """-> ``dq, dk``, ``d(gamma)`` (the gate's shape, float32) and, with the delta rule, ``dv [B,T,HV,V]`` in v's dtype
-    and ``dbeta [B,T,HV]`` float32. ``dq, dk``: per q/k head ``[B,T,H,K]`` in q's dtype where they are final (summed
-    over the value heads without the delta rule and with a scalar gate: :func:`_grad_per_key_head`; or a q/k head
-    per value head), else per value head ``[B,T,HV,K]`` float32 for the caller to sum. ``dh``, ``hdh`` (or None:
+    and ``dbeta [B,T,HV]`` float32. ``dq, dk``: per q/k head ``[B,T,H,K]`` where they are final (summed over the
+    value heads without the delta rule and with a scalar gate: :func:`_grad_per_key_head`; or a q/k head per value
+    head), else per value head ``[B,T,HV,K]`` for the caller to sum (as FLA sums its own),
+    in q's dtype either way. ``dh``, ``hdh`` (or None:
     computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
     :func:`launch.diagonal_launches`."""
     if res.beta is None and res.gamma.ndim == 3:
@@ -262,9 +263,8 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
     grid = (d.B, d.HV, d.N)
     run = functools.partial(diagonal_launches, static=static, grid=grid, causal=False, redo_far=redo_far,
                             per_program=cfg.chunks_per_program_at(d.K, d.V))
-    final = d.HV == res.q.shape[2]  # a q/k head per value head: the launch's dq, dk are the final ones
-    key_rows = (sds((d.B, d.T, d.HV, d.K), F32), s.rows(d.K))
-    final_rows = (sds((d.B, d.T, d.HV, d.K), res.q.dtype), s.rows(d.K)) if final else key_rows
+    key_rows = (sds((d.B, d.T, d.HV, d.K), F32), s.rows(d.K))  # dk, accumulated on by the WY pass
+    final_rows = (sds((d.B, d.T, d.HV, d.K), res.q.dtype), s.rows(d.K))  # per value head: the caller sums them
     grads = {"dq_ref": final_rows, "dk_ref": key_rows if split else final_rows,
              "dgamma_ref": (sds(res.gamma.shape, F32), s.gate())}
     wy_grads = {"dv_ref": (sds((d.B, d.T, d.HV, d.V), res.v.dtype), s.rows(d.V)),
