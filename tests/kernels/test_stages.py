@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -65,22 +66,28 @@ def test_output_in_the_state_pass(kind, chunk):
 
 
 @pytest.mark.parametrize("kind", ["gla", "gdn", "kda"])
-def test_reverse_state_pass_writes_dv_in_vs_dtype_without_the_delta_rule(kind):
-    """The reverse state pass's ``d(v_new)`` in bf16: without the delta rule (GLA) it is the op's ``dv``, written in
-    v's dtype (no float32 copy for XLA to read and convert); with it the gradient pass reads it, in float32."""
+def test_backward_writes_what_xla_reads_in_the_inputs_dtype(kind):
+    """bf16 inputs, two value heads per q/k head. The reverse state pass's ``d(v_new)``: without the delta rule (GLA)
+    it is the op's ``dv``, written in v's dtype (no float32 copy for XLA to read and convert); with it the gradient
+    pass reads it, in float32. The gradient pass's ``dq``, ``dk`` (per value head where XLA sums them, as FLA does)
+    in q's dtype."""
     from hybrid_jax.kernels.recurrent import op
 
     p = problem(kind, T=32, dtype="bfloat16")
     x, (do, dfinal) = make_inputs(p, 4)
 
-    def dv_new(x, do, dfinal):
+    def grads(x, do, dfinal):
         a = op.prepare(x["q"], x["k"], x["v"], x["g"], x.get("beta"), scale=None, initial_state=x["initial_state"],
                        use_qk_l2norm=False, chunk_size=16, interpret=True, config=None, segment_ids=None)
         _, _, res = op._forward(a.static, a.q, a.k, a.v, a.gamma, a.beta, a.h0, a.rel)
-        return recurrent.state_bwd(a.static, res, do, dfinal)[1]
+        dh, dv_new, _, hdh = recurrent.state_bwd(a.static, res, do, dfinal)
+        return dv_new, recurrent.grad(a.static, res, dh, hdh, dv_new if kind != "gla" else None, do)[:2]
 
-    out = jax.eval_shape(dv_new, x, do, dfinal)
-    assert out.shape == x["v"].shape and out.dtype == (jax.numpy.bfloat16 if kind == "gla" else jax.numpy.float32)
+    dv_new, (dq, dk) = jax.eval_shape(grads, x, do, dfinal)
+    assert dv_new.shape == x["v"].shape and dv_new.dtype == (jnp.bfloat16 if kind == "gla" else jnp.float32)
+    heads = x["q"].shape[2] if kind == "gla" else x["v"].shape[2]  # GLA's gradient pass sums over the value heads
+    for d in (dq, dk):
+        assert d.shape == (*x["q"].shape[:2], heads, x["q"].shape[3]) and d.dtype == jnp.bfloat16
 
 
 def kda_stages(seed: int, fall_rows: tuple[int, ...], T: int, levels_chunks: int):
