@@ -248,11 +248,10 @@ def state_bwd(static: Static, res: Residuals, do: jax.Array, dfinal: jax.Array, 
 def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, dv_new: jax.Array | None,
          do: jax.Array, redo_far: bool = True) -> tuple:
     """-> ``dq, dk``, ``d(gamma)`` (the gate's shape, float32) and, with the delta rule, ``dv [B,T,HV,V]`` in v's dtype
-    and ``dbeta [B,T,HV]`` float32. ``dq, dk``: per q/k head ``[B,T,H,K]`` where they are final (summed over the
-    value heads without the delta rule and with a scalar gate: :func:`_grad_per_key_head`; or a q/k head per value
-    head), else per value head ``[B,T,HV,K]`` for the caller to sum (as FLA sums its own),
-    in q's dtype either way. ``dh``, ``hdh`` (or None:
-    computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
+    and ``dbeta [B,T,HV]`` float32. ``dq, dk`` in q's dtype: per q/k head ``[B,T,H,K]`` where they are final (summed
+    over the value heads without the delta rule and with a scalar gate: :func:`_grad_per_key_head`; or a q/k head
+    per value head), else per value head ``[B,T,HV,K]`` for the caller to sum (as FLA does). ``dh``, ``hdh`` (or
+    None: computed from the snapshots), ``dv_new``: from :func:`state_bwd`. ``redo_far``: see
     :func:`launch.diagonal_launches`."""
     if res.beta is None and res.gamma.ndim == 3:
         return _grad_per_key_head(static, res, dh, hdh, do, redo_far)
