@@ -23,12 +23,12 @@ MIXERS = ("gdn", "kda", "mamba2")
 # hybrid_jax.model.stack; only their input where it names none)
 REMAT_KINDS = {"none": (), "mixer": ("mla", *MIXERS), "full": ("mla", *MIXERS, "mlp"), "dots": ("mla", *MIXERS, "mlp")}
 REMAT_MODES = tuple(REMAT_KINDS)
+ALPHABET = MLA + MIXER + MLP + "".join(EXPLICIT_MIXERS)
 
 
 def recomputed(kind: str, cfg: ConfigDict) -> bool:
     """Whether a sublayer of ``kind`` recomputes its forward in the backward under the model config's ``remat``."""
     return kind in REMAT_KINDS[cfg.get("remat", "none")]
-ALPHABET = MLA + MIXER + MLP + "".join(EXPLICIT_MIXERS)
 
 
 def allocate_layers(num_layers: int, attention_ratio: float) -> str:
