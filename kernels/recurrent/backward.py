@@ -262,9 +262,9 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
     grid = (d.B, d.HV, d.N)
     run = functools.partial(diagonal_launches, static=static, grid=grid, causal=False, redo_far=redo_far,
                             per_program=cfg.chunks_per_program_at(d.K, d.V))
-    key_rows = (sds((d.B, d.T, d.HV, d.K), F32), s.rows(d.K))  # dk, accumulated on by the WY pass
-    final_rows = (sds((d.B, d.T, d.HV, d.K), res.q.dtype), s.rows(d.K))  # per value head: the caller sums them
-    grads = {"dq_ref": final_rows, "dk_ref": key_rows if split else final_rows,
+    qk_rows = (sds((d.B, d.T, d.HV, d.K), res.q.dtype), s.rows(d.K))  # per value head: the caller sums them
+    dk_between = (sds((d.B, d.T, d.HV, d.K), F32), s.rows(d.K))  # the split pass's dk, added to by its WY launch
+    grads = {"dq_ref": qk_rows, "dk_ref": dk_between if split else qk_rows,
              "dgamma_ref": (sds(res.gamma.shape, F32), s.gate())}
     wy_grads = {"dv_ref": (sds((d.B, d.T, d.HV, d.V), res.v.dtype), s.rows(d.V)),
                 "dbeta_ref": (sds((d.B, d.T, d.HV), F32), s.vec())}
@@ -284,7 +284,7 @@ def grad(static: Static, res: Residuals, dh: jax.Array, hdh: jax.Array | None, d
                   "t_ref": (res.t, s.rows(C)), "h_ref": (res.h, s.snapshot(d.K, d.V)),
                   "dv_new_ref": (dv_new, s.rows(d.V)), "dk_in_ref": (dk, s.rows(d.K)),
                   "dgamma_in_ref": (dgamma, s.gate())} | rel_in
-        outputs = {"dk_ref": final_rows, "dgamma_ref": grads["dgamma_ref"]} | wy_grads
+        outputs = {"dk_ref": qk_rows, "dgamma_ref": grads["dgamma_ref"]} | wy_grads
         dk, dgamma, dv, dbeta = run(_grad_wy_kernel, "grad_wy_bwd", cfg.grad_wy, inputs=inputs, outputs=outputs,
                                     gate="gamma_ref", dgate="dgamma_ref")
         return dq, dk, dgamma, dv, dbeta
